@@ -1,0 +1,1 @@
+"""Prefect flows: experiment (and, later, sweep, eor_fit, analyze)."""

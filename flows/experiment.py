@@ -1,0 +1,302 @@
+"""The experiment flow: retrieve -> generate rounds -> vote -> evaluate over shards of questions,
+then one parent MLflow run with a nested run per cell.
+
+Task granularity is (stage x shard): Prefect costs ~10-20 ms per task run, so per-question tasks
+would dominate. Each task's cache key is a hash of small explicit inputs chained from upstream
+(spec identity, shard, stage config, code/prompt version), so a changed vote method re-runs only
+vote and evaluate, and an identical rerun only reads cached results.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, task
+from prefect.results import get_result_store
+
+from ragledger import progress
+from ragledger.datasets import load_questions, sample_questions
+from schemas.spec import ExperimentSpec
+from tasks.context import StageResult, backend_identity, cell_name, corpus_for, retriever_for
+from tasks.evaluate import EVALUATE_VERSION, evaluate_task
+from tasks.generate import generate_round_task
+from tasks.readers import get_reader
+from tasks.retrieve import retrieve_task
+from tasks.retrievers import parse_retriever
+from tasks.vote import vote_task
+from tracking.events import EventStore, event_id, new_events, stable_hash
+from tracking.metrics import cell_metrics
+from tracking.mlflow_log import MlflowLogger, flatten, redact_url, resolve_tracking_uri
+
+FLOW_VERSION = "1"
+
+
+@dataclass
+class CellPlan:
+    retriever: str
+    strategy: str
+    model: str
+    rounds: int
+
+    @property
+    def name(self) -> str:
+        return cell_name(self.retriever, self.strategy, self.model)
+
+
+@dataclass
+class RunSummary:
+    experiment: str
+    spec_hash: str
+    questions: int
+    cells: dict[str, dict[str, Any]] = field(default_factory=dict)
+    llm_calls: int = 0
+    cache_hits: int = 0
+    retries: int = 0
+    tasks_total: int = 0
+    tasks_from_cache: int = 0
+    wall_time_s: float = 0.0
+    mlflow_parent_run_id: str | None = None
+    mlflow_cell_run_ids: dict[str, str] = field(default_factory=dict)
+    tracking_uri: str = ""
+    mlflow_experiment_id: str | None = None
+    manifest: str | None = None
+
+
+def shard(qids: list[str], size: int) -> list[list[str]]:
+    return [qids[i : i + size] for i in range(0, len(qids), size)]
+
+
+def question_rows(spec: ExperimentSpec, questions) -> list[dict[str, Any]]:
+    ds = spec.dataset.model_dump()
+    return [
+        {
+            "event_id": event_id("questions", spec.name, ds, q.qid, q.question, q.answers),
+            "cell": "",
+            "qid": q.qid,
+            "dataset": spec.dataset.name,
+            "question": q.question,
+            "answers": list(q.answers),
+            "gold_pids": list(q.gold_pids),
+        }
+        for q in questions
+    ]
+
+
+def model_identity(spec: ExperimentSpec) -> dict[str, Any]:
+    m = spec.model
+    ident = backend_identity(spec, m.base_url or "")
+    return {"backend": ident, "name": m.name if m.backend == "openai" else m.embedded_model, "temperature": m.temperature,
+            "top_p": m.top_p, "max_tokens": m.max_tokens, "seed": m.seed}
+
+
+@task(name="log-to-mlflow")
+def log_to_mlflow(spec_dict: dict, summary_dict: dict, cell_segments: dict[str, dict[str, list[str]]],
+                  run_stats: dict[str, float], tracking_uri: str) -> dict[str, Any]:
+    spec = ExperimentSpec.model_validate(spec_dict)
+    logger = MlflowLogger(tracking_uri, spec.tracking.mlflow_experiment or spec.name)
+    common_tags = {"ragledger.experiment": spec.name, "ragledger.spec_hash": summary_dict["spec_hash"],
+                   "ragledger.dataset": f"{spec.dataset.name}:{spec.dataset.path}"}
+    parent = logger.start_run(spec.name, {**common_tags, "ragledger.level": "experiment"})
+    params: dict[str, str] = {}
+    safe_spec = json.loads(json.dumps(spec_dict))
+    safe_spec["model"]["base_url"] = redact_url(safe_spec["model"].get("base_url"))
+    for key in ("dataset", "corpus", "model", "execution"):
+        flatten(key, safe_spec[key], params)
+    params["retrievers"] = ",".join(spec.retrievers)
+    params["readers"] = ",".join(spec.readers)
+    logger.log(parent, params=params, metrics={**run_stats, "questions": summary_dict["questions"]})
+    logger.log_spec(parent, safe_spec)
+    cell_runs = {}
+    for cell, metrics in summary_dict["cells"].items():
+        retriever, strategy, model = (part.strip() for part in cell.split("·"))
+        run = logger.start_run(cell, {**common_tags, "ragledger.level": "cell", "ragledger.cell": cell,
+                                      "retriever": retriever, "reader": strategy, "model": model}, parent_run_id=parent)
+        cell_params = {k: v for k, v in params.items() if not k.startswith(("retrievers", "readers"))}
+        cell_params.update({"retriever": retriever, "reader": strategy, "model": model})
+        logger.log(run, params=cell_params, metrics={k: v for k, v in metrics.items() if isinstance(v, int | float)})
+        for kind, files in cell_segments.get(cell, {}).items():
+            logger.log_artifacts(run, files, f"records/{kind}")
+        logger.end(run)
+        cell_runs[cell] = run
+    logger.log_text(parent, json.dumps(summary_dict["cells"], indent=2, default=str), "analysis/summary.json")
+    logger.end(parent)
+    return {"parent": parent, "cells": cell_runs, "experiment_id": logger.experiment_id}
+
+
+def _resolve(future_or_result) -> StageResult:
+    return future_or_result.result() if hasattr(future_or_result, "result") else future_or_result
+
+
+def _checked(task_obj, results: list, params_list: list[dict]) -> list[StageResult]:
+    """Results whose segment vanished (store deleted under a warm Prefect cache) are recomputed."""
+    out = []
+    for res, params in zip(results, params_list, strict=True):
+        r = _resolve(res)
+        if not r.segment_exists():
+            r = task_obj.with_options(refresh_cache=True)(**params)
+        out.append(r)
+    return out
+
+
+@flow(name="ragledger-experiment", version=FLOW_VERSION)
+def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None = None, base_url: str | None = None) -> dict:
+    started = time.perf_counter()
+    spec = ExperimentSpec.model_validate(spec_dict)
+    store = EventStore(store_root)
+    run_token = uuid.uuid4().hex
+    spec_hash = spec.spec_hash()
+
+    # questions: loaded, sampled (seeded) and stored once
+    questions = sample_questions(load_questions(spec.dataset.name, spec.dataset.path), spec.dataset.limit, spec.dataset.seed)
+    q_segment = str(store.write("questions", new_events("questions", spec.name, question_rows(spec, questions))))
+    qids = [q.qid for q in questions]
+    shards = shard(qids, spec.execution.shard_size)
+    shard_ids = [stable_hash("shard", s, length=12) for s in shards]
+    dataset_key = stable_hash(spec.name, spec.dataset.model_dump(), q_segment)
+
+    needs_corpus = any(r != "none" for r in spec.retrievers)
+    corpus_hash = corpus_for(spec).corpus_hash if needs_corpus else ""
+    for r in spec.retrievers:  # build or open indexes once, before shards fan out
+        retriever_for(spec, r, store_root)
+
+    cells = [CellPlan(r, s, spec.model.display_name, get_reader(s).rounds) for r in spec.retrievers for s in spec.readers]
+    counters = {"llm_calls": 0, "cache_hits": 0, "retries": 0}
+    tasks_total = tasks_cached = 0
+
+    def account(results: list[StageResult]) -> None:
+        nonlocal tasks_total, tasks_cached
+        for r in results:
+            tasks_total += 1
+            if r.run_token != run_token:
+                tasks_cached += 1
+            else:
+                for k in counters:
+                    counters[k] += r.counters.get(k, 0)
+
+    # 1. retrieve: one task per (retriever, shard)
+    retrieve_params = {}
+    for r in spec.retrievers:
+        code = parse_retriever(r).code_version
+        for sid, s in zip(shard_ids, shards, strict=True):
+            key = stable_hash("retrieve", FLOW_VERSION, dataset_key, corpus_hash, r, code, sid, str(Path(store_root).resolve()))
+            retrieve_params[(r, sid)] = dict(spec_dict=spec_dict, store_root=store_root, questions_segment=q_segment,
+                                            retriever_name=r, qids=s, stage_key=key, run_token=run_token)
+    progress.set_total("retrieve", len(retrieve_params))
+    futures = {k: retrieve_task.submit(**p) for k, p in retrieve_params.items()}
+    retrieved = dict(zip(futures, _checked(retrieve_task, list(futures.values()), list(retrieve_params.values())), strict=True))
+    account(list(retrieved.values()))
+    progress.advance("retrieve", len(retrieved))
+
+    # 2. generate rounds: one task per (cell, shard, round); the endpoint starts only if a task must run
+    model_key = stable_hash(model_identity(spec))
+    gen_keys: dict[tuple[str, str, int], str] = {}
+    for c in cells:
+        reader = get_reader(c.strategy)
+        for sid in shard_ids:
+            upstream = retrieve_params[(c.retriever, sid)]["stage_key"]
+            for rnd in range(1, c.rounds + 1):
+                upstream = stable_hash("generate", upstream, c.strategy, reader.prompt_version, model_key, rnd)
+                gen_keys[(c.name, sid, rnd)] = upstream
+    result_store = get_result_store()
+    must_generate = not all(result_store.exists(k) for k in gen_keys.values())
+    generations: dict[tuple[str, str], list[StageResult]] = {(c.name, sid): [] for c in cells for sid in shard_ids}
+    with contextlib.ExitStack() as stack:
+        endpoint = base_url
+        if must_generate and endpoint is None:
+            if spec.model.backend == "embedded":
+                from ragledger.embedded import embedded_server
+
+                endpoint = stack.enter_context(embedded_server(spec.model.embedded_model, spec.model.context_window))
+            else:
+                endpoint = spec.model.base_url
+        progress.set_total("generate", len(gen_keys))
+        for rnd in range(1, max(c.rounds for c in cells) + 1):
+            params_list, keys = [], []
+            for c in cells:
+                if rnd > c.rounds:
+                    continue
+                for sid, s in zip(shard_ids, shards, strict=True):
+                    params_list.append(dict(
+                        spec_dict=spec_dict, store_root=store_root, questions_segment=q_segment,
+                        base_url=endpoint or spec.model.base_url or "", retriever_name=c.retriever, strategy=c.strategy,
+                        round_no=rnd, qids=s, retrieval_segments=[retrieved[(c.retriever, sid)].segment],
+                        previous_segments=[g.segment for g in generations[(c.name, sid)]],
+                        stage_key=gen_keys[(c.name, sid, rnd)], run_token=run_token,
+                    ))  # fmt: skip
+                    keys.append((c.name, sid))
+            futs = [generate_round_task.submit(**p) for p in params_list]
+            results = []
+            for f, p in zip(futs, params_list, strict=True):
+                results += _checked(generate_round_task, [f], [p])
+                progress.advance("generate", 1)
+            account(results)
+            for k, r in zip(keys, results, strict=True):
+                generations[k].append(r)
+
+    # 3. vote and 4. evaluate: one task each per (cell, shard)
+    vote_params, eval_params = [], []
+    for c in cells:
+        for sid, s in zip(shard_ids, shards, strict=True):
+            last_gen = gen_keys[(c.name, sid, c.rounds)]
+            vkey = stable_hash("vote", last_gen, get_reader(c.strategy).prompt_version)
+            vote_params.append(dict(
+                spec_dict=spec_dict, store_root=store_root, questions_segment=q_segment, retriever_name=c.retriever,
+                strategy=c.strategy, qids=s, retrieval_segments=[retrieved[(c.retriever, sid)].segment],
+                generation_segments=[g.segment for g in generations[(c.name, sid)]], stage_key=vkey, run_token=run_token,
+            ))  # fmt: skip
+    progress.set_total("vote", len(vote_params))
+    votes = _checked(vote_task, [vote_task.submit(**p) for p in vote_params], vote_params)
+    account(votes)
+    progress.advance("vote", len(votes))
+    for vp, v in zip(vote_params, votes, strict=True):
+        eval_params.append(dict(
+            spec_dict=spec_dict, store_root=store_root, questions_segment=q_segment, retriever_name=vp["retriever_name"],
+            strategy=vp["strategy"], qids=vp["qids"], retrieval_segments=vp["retrieval_segments"],
+            generation_segments=vp["generation_segments"], vote_segment=v.segment,
+            stage_key=stable_hash("evaluate", vp["stage_key"], EVALUATE_VERSION), run_token=run_token,
+        ))  # fmt: skip
+    progress.set_total("evaluate", len(eval_params))
+    evals = _checked(evaluate_task, [evaluate_task.submit(**p) for p in eval_params], eval_params)
+    account(evals)
+    progress.advance("evaluate", len(evals))
+
+    # metrics per cell, from the stored records of this run
+    summary = RunSummary(spec.name, spec_hash, len(qids))
+    cell_segments: dict[str, dict[str, list[str]]] = {}
+    questions_df = store.read("questions", paths=[q_segment])
+    for c in cells:
+        segs = {
+            "retrievals": [retrieved[(c.retriever, sid)].segment for sid in shard_ids],
+            "generations": [g.segment for sid in shard_ids for g in generations[(c.name, sid)]],
+            "votes": [v.segment for v, p in zip(votes, vote_params, strict=True) if p["retriever_name"] == c.retriever and p["strategy"] == c.strategy],
+            "outcomes": [e.segment for e, p in zip(evals, eval_params, strict=True) if p["retriever_name"] == c.retriever and p["strategy"] == c.strategy],
+        }  # fmt: skip
+        segs = {k: [s for s in v if s] for k, v in segs.items()}
+        cell_segments[c.name] = {**segs, "questions": [q_segment]}
+        outcomes = store.read("outcomes", paths=segs["outcomes"])
+        retrievals = store.read("retrievals", paths=segs["retrievals"])
+        summary.cells[c.name] = cell_metrics(outcomes, retrievals, questions_df)
+
+    summary.llm_calls, summary.cache_hits, summary.retries = counters["llm_calls"], counters["cache_hits"], counters["retries"]
+    summary.tasks_total, summary.tasks_from_cache = tasks_total, tasks_cached
+    summary.tracking_uri = tracking_uri or resolve_tracking_uri(spec.tracking.mlflow_uri)
+    summary.wall_time_s = round(time.perf_counter() - started, 2)
+    run_stats = {"llm_calls": summary.llm_calls, "cache_hits": summary.cache_hits, "retries": summary.retries,
+                 "tasks_total": tasks_total, "tasks_from_cache": tasks_cached, "wall_time_s": summary.wall_time_s}
+    logged = log_to_mlflow(spec_dict, asdict(summary), cell_segments, run_stats, summary.tracking_uri)
+    summary.mlflow_parent_run_id = logged["parent"]
+    summary.mlflow_cell_run_ids = logged["cells"]
+    summary.mlflow_experiment_id = logged["experiment_id"]
+
+    manifest_dir = Path(store_root) / "runs" / spec.name
+    manifest_dir.mkdir(parents=True, exist_ok=True)
+    manifest = manifest_dir / f"{time.strftime('%Y%m%dT%H%M%S')}-{run_token[:8]}.json"
+    manifest.write_text(json.dumps({"summary": asdict(summary), "segments": cell_segments, "spec": spec_dict}, indent=2, default=str))
+    summary.manifest = str(manifest)
+    return asdict(summary)

@@ -1,0 +1,101 @@
+"""Answer normalization and scoring with the official SQuAD v1.1 evaluation semantics.
+
+The functions mirror the official `evaluate-v1.1.py` exactly (lowercase, drop punctuation,
+drop the articles a/an/the, collapse whitespace; max over the gold answers), so scores can be
+checked against it. Unknown detection and `has_answer` follow the project's definitions in DESIGN.md.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+from collections.abc import Iterable
+
+_PUNCT = set(string.punctuation)
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+
+
+def normalize_answer(text: str) -> str:
+    """Lower text and remove punctuation, articles and extra whitespace (SQuAD v1.1)."""
+    text = text.lower()
+    text = "".join(ch for ch in text if ch not in _PUNCT)
+    text = _ARTICLES.sub(" ", text)
+    return " ".join(text.split())
+
+
+def exact_match(prediction: str, gold: str) -> float:
+    return float(normalize_answer(prediction) == normalize_answer(gold))
+
+
+def token_f1(prediction: str, gold: str) -> float:
+    pred_tokens = normalize_answer(prediction).split()
+    gold_tokens = normalize_answer(gold).split()
+    common = Counter(pred_tokens) & Counter(gold_tokens)
+    num_same = sum(common.values())
+    if num_same == 0:
+        return 0.0
+    precision = num_same / len(pred_tokens)
+    recall = num_same / len(gold_tokens)
+    return 2 * precision * recall / (precision + recall)
+
+
+def max_over_gold(metric, prediction: str, golds: Iterable[str]) -> float:
+    scores = [metric(prediction, g) for g in golds]
+    return max(scores) if scores else 0.0
+
+
+def em_score(prediction: str, golds: Iterable[str]) -> float:
+    return max_over_gold(exact_match, prediction, golds)
+
+
+def f1_score(prediction: str, golds: Iterable[str]) -> float:
+    return max_over_gold(token_f1, prediction, golds)
+
+
+# Phrases a reader uses to abstain. Matched on the normalized prediction, as whole answers or
+# as the answer's opening words ("unknown, the passage does not say").
+UNKNOWN_PHRASES = (
+    "unknown",
+    "no answer",
+    "not known",
+    "cannot be determined",
+    "can not be determined",
+    "cannot answer",
+    "i dont know",
+    "i do not know",
+    "not enough information",
+    "no information",
+    "not mentioned",
+    "not provided",
+    "no context",
+    "insufficient information",
+)
+
+
+def is_unknown(prediction: str | None) -> bool:
+    """True when the answer is empty or abstains ("unknown" and documented variants)."""
+    if prediction is None:
+        return True
+    norm = normalize_answer(prediction)
+    if not norm:
+        return True
+    return any(norm == p or norm.startswith(p + " ") for p in UNKNOWN_PHRASES)
+
+
+def contains_token_sequence(haystack: str, needle: str) -> bool:
+    """True when the normalized needle occurs as a whole-token subsequence of the normalized haystack."""
+    n = normalize_answer(needle).split()
+    if not n:
+        return False
+    h = normalize_answer(haystack).split()
+    first = n[0]
+    for i in range(len(h) - len(n) + 1):
+        if h[i] == first and h[i : i + len(n)] == n:
+            return True
+    return False
+
+
+def has_answer(context: str, golds: Iterable[str]) -> bool:
+    """`gold_in_context`: some normalized gold answer occurs as a token subsequence of the context."""
+    return any(contains_token_sequence(context, g) for g in golds)

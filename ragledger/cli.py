@@ -1,0 +1,205 @@
+"""The `ragledger` command line. Heavy imports live inside commands so `--help` stays instant."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(
+    name="ragledger",
+    help="Event-sourced experiment tracker for retrieval-augmented QA research.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+store_app = typer.Typer(help="Inspect and check the event store.", no_args_is_help=True)
+app.add_typer(store_app, name="store")
+# wide enough for the results table when output goes to a file or CI log
+console = Console(width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True)
+
+USER_ERRORS: tuple[type[BaseException], ...] = ()
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from ragledger.datasets import DatasetError
+    from ragledger.embedded import EmbeddedServerError
+    from ragledger.llm import BackendError
+    from ragledger.models import ModelFetchError
+    from schemas.records import RecordValidationError
+    from schemas.spec import SpecError
+
+    return (SpecError, DatasetError, BackendError, EmbeddedServerError, ModelFetchError, RecordValidationError)
+
+
+def _fail(message: str, code: int = 2) -> None:
+    err.print(f"[bold red]error:[/] {message}", highlight=False, markup=True)
+    raise typer.Exit(code)
+
+
+def _fmt(v: object) -> str:
+    if isinstance(v, float):
+        return "-" if math.isnan(v) else f"{v:.1f}"
+    return str(v)
+
+
+def preflight(spec) -> None:
+    """Check every input before anything is written or any model is called."""
+    from ragledger.datasets import load_questions
+    from ragledger.paths import resolve_data_path
+
+    load_questions(spec.dataset.name, spec.dataset.path)
+    if any(r != "none" for r in spec.retrievers):
+        for p in spec.corpus.paths:
+            if not resolve_data_path(p).is_file():
+                from ragledger.datasets import DatasetError
+
+                raise DatasetError(f"corpus.paths: {resolve_data_path(p)}: file not found")
+    if spec.model.backend == "openai":
+        from ragledger.llm import api_key_from_env
+
+        api_key_from_env(spec.model.api_key_env)
+
+
+@app.command()
+def run(
+    spec_path: Annotated[Path, typer.Argument(help="experiment spec (YAML)", metavar="SPEC")],
+    store: Annotated[str | None, typer.Option(help="event store directory (overrides tracking.store)")] = None,
+    base_url: Annotated[str | None, typer.Option(help="use this OpenAI-compatible endpoint instead of the spec's")] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="also write the run summary as JSON here")] = None,
+) -> None:
+    """Run an experiment: retrieve -> generate -> vote -> evaluate, tracked in the store and MLflow."""
+    from ragledger.prefect_env import configure_prefect_home
+
+    configure_prefect_home(Path.cwd())
+    from schemas.spec import load_spec
+
+    errors = _user_errors()
+    try:
+        spec = load_spec(spec_path)
+        preflight(spec)
+    except errors as exc:
+        _fail(str(exc))
+    store_root = store or spec.tracking.store
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from flows.experiment import experiment_flow
+    from ragledger import progress as prog
+
+    console.print(f"[bold]ragledger[/] experiment [cyan]{spec.name}[/]: {len(spec.retrievers)} retriever(s) × "
+                  f"{len(spec.readers)} reader(s) on {spec.dataset.name} (limit {spec.dataset.limit}), model "
+                  f"{spec.model.display_name}")
+    with Progress(TextColumn("{task.description:>16}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=False) as bars:
+        ids: dict[str, int] = {}
+
+        def total(stage: str, n: int) -> None:
+            if stage not in ids:
+                ids[stage] = bars.add_task(stage, total=n)
+            else:
+                bars.update(ids[stage], total=n)
+
+        def advance(stage: str, n: int) -> None:
+            if stage not in ids:
+                ids[stage] = bars.add_task(stage, total=None)
+            bars.advance(ids[stage], n)
+
+        prog.set_listener(advance, total)
+        try:
+            summary = experiment_flow(spec.model_dump(), store_root, None, base_url)
+        except errors as exc:
+            _fail(str(exc))
+        finally:
+            prog.set_listener(None)
+    _print_summary(summary)
+    if json_out:
+        json_out.write_text(json.dumps(summary, indent=2, default=str))
+
+
+def _print_summary(summary: dict) -> None:
+    table = Table(title=f"{summary['experiment']} — {summary['questions']} questions", show_lines=False)
+    cols = [("em", "EM"), ("f1", "F1"), ("semantic_acc", "Sem"), ("unk_pct", "%Unk"), ("nm_pct", "%NM"),
+            ("recall_at_k", "Recall@k"), ("tokens_in_per_q", "tok in/q"), ("tokens_out_per_q", "tok out/q"),
+            ("calls_per_q", "calls/q")]
+    for title in ("retriever", "reader", "model"):
+        table.add_column(title, no_wrap=True)
+    for _, title in cols:
+        table.add_column(title, justify="right")
+    for cell, m in summary["cells"].items():
+        table.add_row(*(p.strip() for p in cell.split("·")), *[_fmt(m.get(k, float("nan"))) for k, _ in cols])
+    console.print(table)
+    console.print(
+        f"model calls this run: [bold]{summary['llm_calls']}[/] (LLM-cache hits {summary['cache_hits']}, "
+        f"retries {summary['retries']}; {summary['tasks_from_cache']}/{summary['tasks_total']} tasks from Prefect's cache) "
+        f"in {summary['wall_time_s']:.1f} s"
+    )
+    console.print(f"MLflow: {summary['tracking_uri']}  experiment id {summary['mlflow_experiment_id']}, "
+                  f"parent run {summary['mlflow_parent_run_id']}")
+    console.print("open it with: [bold]ragledger ui[/]   (then http://127.0.0.1:5000)")
+
+
+@app.command()
+def ui(
+    port: Annotated[int, typer.Option(help="port on 127.0.0.1")] = 5000,
+    tracking_uri: Annotated[str | None, typer.Option(help="default: the embedded SQLite store under .ragledger/")] = None,
+) -> None:
+    """Open the MLflow UI on the embedded tracking store (127.0.0.1 only)."""
+    from tracking.mlflow_log import resolve_tracking_uri
+
+    uri = resolve_tracking_uri(tracking_uri)
+    console.print(f"MLflow UI for {uri} at http://127.0.0.1:{port}  (Ctrl-C to stop)")
+    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port", str(port)]
+    raise typer.Exit(subprocess.call(cmd))
+
+
+@app.command("eval-predictions")
+def eval_predictions(
+    dataset: Annotated[Path, typer.Argument(help="SQuAD v1.1 JSON (optionally .gz)")],
+    predictions: Annotated[Path, typer.Argument(help="JSON object: question id -> predicted answer")],
+) -> None:
+    """Score predictions with the official SQuAD v1.1 semantics; prints {"exact_match", "f1"}."""
+    from ragledger.answers import em_score, f1_score
+    from ragledger.datasets import DatasetError, load_squad
+
+    try:
+        questions = load_squad(dataset)
+        preds = json.loads(predictions.read_text(encoding="utf-8"))
+    except DatasetError as exc:
+        _fail(str(exc))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        _fail(f"{predictions}: {exc}")
+    if not isinstance(preds, dict):
+        _fail(f"{predictions}: expected a JSON object mapping question id to answer")
+    em = f1 = 0.0
+    for q in questions:
+        if q.qid not in preds:
+            err.print(f"Unanswered question {q.qid} will receive score 0.")
+            continue
+        em += em_score(str(preds[q.qid]), q.answers)
+        f1 += f1_score(str(preds[q.qid]), q.answers)
+    n = len(questions)
+    print(json.dumps({"exact_match": 100.0 * em / n, "f1": 100.0 * f1 / n}))
+
+
+@store_app.command("verify")
+def store_verify(store: Annotated[str, typer.Option(help="event store directory")] = ".ragledger/store") -> None:
+    """Check every segment against its checksum and schema."""
+    from tracking.events import EventStore
+
+    checked, problems = EventStore(store).verify()
+    for p in problems:
+        err.print(f"[red]BAD[/] {p.path}: {p.problem}", highlight=False)
+    console.print(f"{checked} segment(s) checked, {len(problems)} problem(s)")
+    raise typer.Exit(1 if problems else 0)
+
+
+if __name__ == "__main__":
+    app()

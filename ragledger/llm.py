@@ -1,0 +1,224 @@
+"""The one way ragledger talks to a model: the `openai` client against an OpenAI-compatible endpoint.
+
+OpenAI, a vLLM server and the embedded llama.cpp server all go through `LLMClient.complete`, which
+adds the content-addressed call cache, bounded concurrency, and bounded retries with exponential
+backoff, jitter and Retry-After. Backends that ignore `n` are handled by callers asking for one
+sample per request, each with its own `sample_index` (and seed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import threading
+import time
+from collections.abc import Coroutine
+from dataclasses import asdict, dataclass, field
+from typing import Any, TypeVar
+
+import openai
+
+from tracking.events import stable_hash
+from tracking.llm_cache import LLMCallCache
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class LLMRequest:
+    system: str
+    prompt: str
+    temperature: float
+    top_p: float
+    max_tokens: int
+    seed: int
+    sample_index: int = 0
+    logprobs: bool = False
+
+
+@dataclass
+class LLMResponse:
+    text: str
+    mean_logprob: float | None
+    tokens_in: int
+    tokens_out: int
+    latency_ms: float
+    from_cache: bool = False
+    retries: int = 0
+
+
+class BackendError(RuntimeError):
+    """The model endpoint failed after all retries (or refused the request outright)."""
+
+
+@dataclass
+class CallCounters:
+    calls: int = 0
+    cache_hits: int = 0
+    retries: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+
+    def add(self, other: CallCounters) -> None:
+        for k, v in asdict(other).items():
+            setattr(self, k, getattr(self, k) + v)
+
+
+@dataclass
+class LLMClient:
+    base_url: str
+    model: str
+    backend_identity: str
+    cache: LLMCallCache | None
+    api_key: str = field(default="not-needed", repr=False)
+    concurrency: int = 4
+    timeout_s: float = 120.0
+    max_retries: int = 6
+    backoff_base_s: float = 0.5
+    backoff_max_s: float = 30.0
+    counters: CallCounters = field(default_factory=CallCounters)
+
+    def _shared(self) -> tuple[openai.AsyncOpenAI, asyncio.Semaphore]:
+        """One HTTP client and one concurrency bound per endpoint, shared by every task in the process."""
+        key = (self.base_url, self.api_key, self.concurrency, self.timeout_s)
+        if key not in _SHARED:
+            _SHARED[key] = (
+                openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, max_retries=0, timeout=self.timeout_s),
+                asyncio.Semaphore(self.concurrency),
+            )
+        return _SHARED[key]
+
+    def cache_key(self, req: LLMRequest) -> str:
+        return stable_hash("llm-call", self.backend_identity, self.model, asdict(req), length=40)
+
+    async def complete(self, req: LLMRequest) -> LLMResponse:
+        key = self.cache_key(req)
+        if self.cache is not None:
+            hit = self.cache.get(key)
+            if hit is not None:
+                self.counters.cache_hits += 1
+                return LLMResponse(**{**hit, "from_cache": True})
+        client, semaphore = self._shared()
+        async with semaphore:
+            response = await self._call_with_retries(client, req)
+        self.counters.calls += 1
+        self.counters.retries += response.retries
+        self.counters.tokens_in += response.tokens_in
+        self.counters.tokens_out += response.tokens_out
+        if self.cache is not None:
+            self.cache.put(key, {k: v for k, v in asdict(response).items() if k != "from_cache"})
+        return response
+
+    async def _call_with_retries(self, client: openai.AsyncOpenAI, req: LLMRequest) -> LLMResponse:
+        last_error = ""
+        for attempt in range(self.max_retries + 1):
+            started = time.perf_counter()
+            try:
+                result = await client.chat.completions.create(
+                    model=self.model,
+                    messages=[
+                        {"role": "system", "content": req.system},
+                        {"role": "user", "content": req.prompt},
+                    ],
+                    temperature=req.temperature,
+                    top_p=req.top_p,
+                    max_tokens=req.max_tokens,
+                    seed=req.seed + req.sample_index,
+                    n=1,
+                    logprobs=req.logprobs or None,
+                )
+                if not result.choices or result.choices[0].message is None:
+                    raise _Retryable("response has no choices")
+                choice = result.choices[0]
+                text = choice.message.content
+                if text is None:
+                    raise _Retryable("response has no message content")
+                mean_lp = _mean_logprob(choice) if req.logprobs else None
+                usage = result.usage
+                return LLMResponse(
+                    text=text,
+                    mean_logprob=mean_lp,
+                    tokens_in=int(usage.prompt_tokens) if usage else 0,
+                    tokens_out=int(usage.completion_tokens) if usage else 0,
+                    latency_ms=(time.perf_counter() - started) * 1000,
+                    retries=attempt,
+                )
+            except openai.APIStatusError as exc:
+                status = exc.status_code
+                if status in (400, 401, 403, 404, 422):
+                    raise BackendError(f"{self.base_url}: HTTP {status} (not retried): {_short(exc)}") from None
+                last_error = f"HTTP {status}"
+                delay = _retry_after(exc.response) if status == 429 else None
+            except (openai.APITimeoutError, openai.APIConnectionError) as exc:
+                last_error = type(exc).__name__
+                delay = None
+            except (_Retryable, openai.APIResponseValidationError, ValueError) as exc:
+                # malformed or truncated bodies, empty completions
+                last_error = f"malformed response: {_short(exc)}"
+                delay = None
+            if attempt == self.max_retries:
+                break
+            if delay is None:
+                delay = min(self.backoff_max_s, self.backoff_base_s * 2**attempt)
+                delay = delay * (0.5 + random.random())  # jitter
+            await asyncio.sleep(delay)
+        raise BackendError(f"{self.base_url}: gave up after {self.max_retries + 1} attempts; last error: {last_error}")
+
+
+# ---- the engine: one event loop per process that runs every model call ----------------------------
+# Stage tasks run in worker threads; routing all their calls through one loop lets them share one
+# connection pool and one concurrency bound per endpoint (the embedded server answers one request
+# at a time; a vLLM server wants a steady, bounded stream).
+_SHARED: dict[tuple, tuple[openai.AsyncOpenAI, asyncio.Semaphore]] = {}
+_engine_loop: asyncio.AbstractEventLoop | None = None
+_engine_lock = threading.Lock()
+
+
+def _engine() -> asyncio.AbstractEventLoop:
+    global _engine_loop
+    with _engine_lock:
+        if _engine_loop is None or _engine_loop.is_closed():
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="ragledger-llm-engine", daemon=True).start()
+            _engine_loop = loop
+        return _engine_loop
+
+
+def run_on_engine(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine of model calls on the process-wide engine loop and wait for its result."""
+    return asyncio.run_coroutine_threadsafe(coro, _engine()).result()
+
+
+class _Retryable(Exception):
+    pass
+
+
+def _short(exc: BaseException) -> str:
+    return str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+
+
+def _retry_after(response: Any) -> float | None:
+    try:
+        value = response.headers.get("retry-after")
+        return min(60.0, max(0.0, float(value))) if value is not None else None
+    except (AttributeError, ValueError):
+        return None
+
+
+def _mean_logprob(choice: Any) -> float | None:
+    content = getattr(getattr(choice, "logprobs", None), "content", None)
+    if not content:
+        return None
+    values = [t.logprob for t in content if t.logprob is not None]
+    return sum(values) / len(values) if values else None
+
+
+def api_key_from_env(var: str | None) -> str:
+    """Read an API key by env-var name; the key itself never enters specs, params or records."""
+    if not var:
+        return os.environ.get("OPENAI_API_KEY", "not-needed")
+    value = os.environ.get(var)
+    if not value:
+        raise BackendError(f"model.api_key_env names {var!r}, but that environment variable is not set")
+    return value

@@ -1,0 +1,21 @@
+"""Prefect settings for the embedded default. Must run before `prefect` is imported."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def configure_prefect_home(workdir: Path) -> None:
+    """Keep Prefect's database and persisted task results beside the store (not in the user's home)
+    unless PREFECT_HOME / PREFECT_API_URL say otherwise; telemetry off (this machine has no network);
+    quiet logs, since the CLI shows its own progress."""
+    home = (workdir / ".ragledger" / "prefect").resolve()
+    os.environ.setdefault("PREFECT_HOME", str(home))
+    os.environ.setdefault("PREFECT_LOCAL_STORAGE_PATH", str(Path(os.environ["PREFECT_HOME"]) / "storage"))
+    Path(os.environ["PREFECT_LOCAL_STORAGE_PATH"]).mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_RESULTS_PERSIST_BY_DEFAULT", "true")
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "WARNING")

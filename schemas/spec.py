@@ -1,0 +1,149 @@
+"""The experiment spec: one YAML file, validated by pydantic, rejecting unknown fields by name."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class SpecError(ValueError):
+    """The spec file is malformed or has an invalid field; the message names file and field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DatasetSpec(_Strict):
+    name: Literal["squad", "nq-open", "triviaqa", "webquestions", "dpr-topics", "jsonl"] = "squad"
+    path: str = Field("squad/dev-v1.1.json.gz", description="file, relative to the data dir unless absolute")
+    limit: int | None = Field(None, gt=0, description="number of questions sampled (seeded); all if unset")
+    seed: int = 0
+
+
+class CorpusSpec(_Strict):
+    name: Literal["squad-paragraphs", "jsonl"] = "squad-paragraphs"
+    paths: list[str] = Field(
+        default_factory=lambda: ["squad/dev-v1.1.json.gz", "squad/train-v1.0.json.gz"],
+        description="SQuAD JSON files whose paragraphs form the corpus, or one JSONL of {id, title?, text}",
+    )
+
+
+class ModelSpec(_Strict):
+    name: str = Field("embedded", description="'embedded' or the model name the endpoint serves")
+    backend: Literal["embedded", "openai"] = "embedded"
+    embedded_model: str = Field("qwen2.5-0.5b-instruct-q4km", description="bundled GGUF when backend=embedded")
+    base_url: str | None = Field(None, description="OpenAI-compatible endpoint (vLLM, OpenAI, ...)")
+    api_key_env: str | None = Field(None, description="name of the env var holding the API key (never the key)")
+    temperature: float = Field(0.0, ge=0, le=2)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_tokens: int = Field(32, gt=0, le=4096)
+    seed: int = 0
+    concurrency: int = Field(4, gt=0, le=1024)
+    timeout_s: float = Field(120.0, gt=0)
+    max_retries: int = Field(6, ge=0, le=50)
+    context_window: int = Field(4096, ge=512)
+
+    @model_validator(mode="after")
+    def _endpoint(self) -> ModelSpec:
+        if self.backend == "openai" and not self.base_url:
+            raise ValueError("model.base_url is required when model.backend is 'openai'")
+        return self
+
+    @property
+    def display_name(self) -> str:
+        return self.embedded_model if self.backend == "embedded" else self.name
+
+
+class ExecutionSpec(_Strict):
+    shard_size: int = Field(25, gt=0, description="questions per Prefect task run")
+    runner: Literal["thread", "dask"] = "thread"
+    workers: int = Field(2, gt=0)
+
+
+class TrackingSpec(_Strict):
+    store: str = Field(".ragledger/store", description="event store directory")
+    mlflow_uri: str | None = Field(None, description="tracking URI; default: SQLite under .ragledger/")
+    mlflow_experiment: str | None = Field(None, description="MLflow experiment name; default: spec name")
+
+
+class ExperimentSpec(_Strict):
+    name: str = Field(..., min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")
+    description: str = ""
+    dataset: DatasetSpec = DatasetSpec()
+    corpus: CorpusSpec = CorpusSpec()
+    retrievers: list[str] = Field(..., min_length=1)
+    readers: list[str] = Field(..., min_length=1)
+    model: ModelSpec = ModelSpec()
+    execution: ExecutionSpec = ExecutionSpec()
+    tracking: TrackingSpec = TrackingSpec()
+
+    @field_validator("retrievers")
+    @classmethod
+    def _known_retrievers(cls, names: list[str]) -> list[str]:
+        from tasks.retrievers import parse_retriever
+
+        for name in names:
+            parse_retriever(name)  # raises ValueError naming the problem
+        if len(set(names)) != len(names):
+            raise ValueError("duplicate retriever names")
+        return names
+
+    @field_validator("readers")
+    @classmethod
+    def _known_readers(cls, names: list[str]) -> list[str]:
+        from tasks.readers import READERS
+
+        for name in names:
+            if name not in READERS:
+                raise ValueError(f"unknown reader strategy {name!r}; known: {', '.join(sorted(READERS))}")
+        if len(set(names)) != len(names):
+            raise ValueError("duplicate reader names")
+        return names
+
+    def spec_hash(self) -> str:
+        """Hash of everything that determines results (tracking locations excluded)."""
+        payload = self.model_dump(exclude={"tracking", "description", "execution"})
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _format_errors(path: str, exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        field = ".".join(str(p) for p in err["loc"]) or "<root>"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field"
+        lines.append(f"{path}: field '{field}': {msg}")
+    return "\n".join(lines)
+
+
+def parse_spec(data: object, source: str = "<spec>") -> ExperimentSpec:
+    if not isinstance(data, dict):
+        raise SpecError(f"{source}: the spec must be a YAML mapping, got {type(data).__name__}")
+    try:
+        return ExperimentSpec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(_format_errors(source, exc)) from None
+
+
+def load_spec(path: str | Path) -> ExperimentSpec:
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError(f"{path}: spec file not found")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{path}: not valid UTF-8 (byte {exc.start})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise SpecError(f"{path}:{where} malformed YAML: {getattr(exc, 'problem', exc)}") from None
+    return parse_spec(data, str(path))

@@ -1,0 +1,111 @@
+"""What every stage task rebuilds from small, explicit inputs (never live objects).
+
+Tasks receive the spec as a dict, the store root and an endpoint URL; everything heavy (the
+corpus, the retriever's index, the LLM client) is reopened per process and memoised, so the same
+task code runs in the thread runner and on Dask workers.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ragledger.datasets import load_corpus
+from ragledger.llm import LLMClient, api_key_from_env
+from schemas.spec import ExperimentSpec
+from tasks.retrievers import Corpus, Retriever, parse_retriever
+from tracking.events import EventStore
+from tracking.llm_cache import LLMCallCache
+
+
+@dataclass(frozen=True)
+class StageResult:
+    """What a stage task returns (and Prefect persists): where its records went, and its counters."""
+
+    stage: str
+    cell: str
+    shard: str
+    segment: str | None
+    rows: int
+    run_token: str  # the run that executed the task; differs from the current run on a cache hit
+    counters: dict[str, int]
+
+    def segment_exists(self) -> bool:
+        return self.segment is None or Path(self.segment).exists()
+
+
+def spec_from(spec_dict: dict[str, Any]) -> ExperimentSpec:
+    return ExperimentSpec.model_validate(spec_dict)
+
+
+def store_from(store_root: str) -> EventStore:
+    return EventStore(store_root)
+
+
+def index_root_for(store_root: str) -> Path:
+    return Path(store_root).resolve().parent / "indexes"
+
+
+@functools.lru_cache(maxsize=4)
+def _corpus(name: str, paths: tuple[str, ...]) -> Corpus:
+    return Corpus.from_frame(load_corpus(name, list(paths)))
+
+
+def corpus_for(spec: ExperimentSpec) -> Corpus:
+    return _corpus(spec.corpus.name, tuple(spec.corpus.paths))
+
+
+_retrievers: dict[tuple[str, str, str], Retriever] = {}
+
+
+def retriever_for(spec: ExperimentSpec, name: str, store_root: str, log=print) -> Retriever:
+    corpus = corpus_for(spec) if name != "none" else None
+    key = (name, corpus.corpus_hash if corpus else "", store_root)
+    if key not in _retrievers:
+        retriever = parse_retriever(name)
+        if corpus is not None:
+            retriever.prepare(corpus, index_root_for(store_root), log=log)
+        _retrievers[key] = retriever
+    return _retrievers[key]
+
+
+def backend_identity(spec: ExperimentSpec, base_url: str) -> str:
+    """Identity of the model behind the endpoint, for the LLM-call cache key."""
+    if spec.model.backend == "embedded":
+        from ragledger.models import BUNDLED_MODELS
+
+        return f"embedded:{BUNDLED_MODELS[spec.model.embedded_model].sha256}"
+    return f"openai-compatible:{base_url}"
+
+
+def llm_client_for(spec: ExperimentSpec, base_url: str, store_root: str) -> LLMClient:
+    return LLMClient(
+        base_url=base_url,
+        model=spec.model.embedded_model if spec.model.backend == "embedded" else spec.model.name,
+        backend_identity=backend_identity(spec, base_url),
+        cache=_llm_cache(str(Path(store_root).resolve() / "llm_cache.sqlite")),
+        api_key=api_key_from_env(spec.model.api_key_env) if spec.model.backend == "openai" else "not-needed",
+        concurrency=spec.model.concurrency,
+        timeout_s=spec.model.timeout_s,
+        max_retries=spec.model.max_retries,
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _llm_cache(path: str) -> LLMCallCache:
+    return LLMCallCache(path)
+
+
+def read_questions(store: EventStore, questions_segment: str, qids: list[str]) -> pd.DataFrame:
+    """The shard's questions, in shard order, from the experiment's questions segment."""
+    q = store.read("questions", paths=[questions_segment])
+    q = q[q["qid"].isin(qids)].set_index("qid")
+    return q.loc[[x for x in qids if x in q.index]].reset_index()
+
+
+def cell_name(retriever: str, strategy: str, model: str) -> str:
+    return f"{retriever} · {strategy} · {model}"

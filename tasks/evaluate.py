@@ -1,0 +1,135 @@
+"""Stage 4 — evaluate: score each vote against the gold answers and classify its error (seed 002).
+
+Error types (DESIGN.md): RE = gold not in the reader's context. Correct (EM) with RE is a lucky
+guess; an "unknown" answer is an abstention; wrong with RE is a retrieval failure; wrong without
+RE is an extraction error when the prediction occurs in the context, else a hallucination error.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+from prefect import task
+
+from ragledger.answers import contains_token_sequence, em_score, f1_score, has_answer, is_unknown
+from tasks.context import StageResult, cell_name, read_questions, spec_from, store_from
+from tasks.retrieve import passages_by_question
+from tracking.events import event_id, new_events
+
+EVALUATE_VERSION = "eval-1"
+
+
+def error_type(correct: bool, unknown: bool, gold_in_context: bool, prediction_in_context: bool) -> str:
+    if correct:
+        return "correct" if gold_in_context else "lucky_guess"
+    if unknown:
+        return "abstention"
+    if not gold_in_context:
+        return "retrieval_failure"
+    return "extraction_error" if prediction_in_context else "hallucination_error"
+
+
+def outcome_rows(
+    experiment: str,
+    cell: str,
+    retriever: str,
+    strategy: str,
+    model: str,
+    stage_key: str,
+    questions: pd.DataFrame,
+    retrievals: pd.DataFrame,
+    votes: pd.DataFrame,
+    generations: pd.DataFrame,
+    semantic: bool = True,
+) -> list[dict[str, Any]]:
+    answers = {r.qid: list(r.answers) for r in questions.itertuples()}
+    contexts = {qid: "\n\n".join(t for _, t in ps) for qid, ps in passages_by_question(retrievals).items()}
+    usage = generations.groupby("qid")[["tokens_in", "tokens_out"]].sum() if not generations.empty else None
+    calls = generations.groupby("qid").size() if not generations.empty else None
+    votes = votes[votes["qid"].isin(answers)]
+    predictions = [v.chosen for v in votes.itertuples()]
+    sims = None
+    if semantic and predictions:
+        from ragledger.semantic import SEMANTIC_THRESHOLD, max_similarity
+
+        sims = [s >= SEMANTIC_THRESHOLD for s in max_similarity(predictions, [answers[v.qid] for v in votes.itertuples()])]
+    rows = []
+    for i, v in enumerate(votes.itertuples()):
+        golds = answers[v.qid]
+        context = contexts.get(v.qid, "")
+        pred = v.chosen
+        em = em_score(pred, golds)
+        unknown = is_unknown(pred)
+        gic = has_answer(context, golds)
+        pool = [c for c in v.candidates]
+        pool_has_correct = any(em_score(c, golds) == 1.0 for c in pool) if v.method != "single" else None
+        rows.append(
+            {
+                "event_id": event_id("outcomes", experiment, stage_key, v.qid),
+                "cell": cell,
+                "qid": v.qid,
+                "retriever": retriever,
+                "strategy": strategy,
+                "model": model,
+                "prediction": pred,
+                "em": em,
+                "f1": f1_score(pred, golds),
+                "semantic_match": (None if sims is None else float((em == 1.0 or sims[i]) and not unknown)),
+                "is_unknown": unknown,
+                "gold_in_context": gic,
+                "pool_has_correct": pool_has_correct,
+                "error_type": error_type(em == 1.0, unknown, gic, (not unknown) and contains_token_sequence(context, pred)),
+                "tokens_in": int(usage.loc[v.qid, "tokens_in"]) if usage is not None and v.qid in usage.index else 0,
+                "tokens_out": int(usage.loc[v.qid, "tokens_out"]) if usage is not None and v.qid in usage.index else 0,
+                "llm_calls": int(calls.loc[v.qid]) if calls is not None and v.qid in calls.index else 0,
+            }
+        )
+    return rows
+
+
+def run_evaluate(
+    spec_dict: dict,
+    store_root: str, questions_segment: str,
+    retriever_name: str,
+    strategy: str,
+    qids: list[str],
+    retrieval_segments: list[str | None],
+    generation_segments: list[str | None],
+    vote_segment: str | None,
+    stage_key: str,
+    run_token: str,
+) -> StageResult:
+    spec = spec_from(spec_dict)
+    store = store_from(store_root)
+    questions = read_questions(store, questions_segment, qids)
+    retrievals = store.read("retrievals", paths=[p for p in retrieval_segments if p])
+    generations = store.read("generations", paths=[p for p in generation_segments if p])
+    votes = store.read("votes", paths=[vote_segment] if vote_segment else [])
+    model = spec.model.display_name
+    cell = cell_name(retriever_name, strategy, model)
+    rows = outcome_rows(
+        spec.name, cell, retriever_name, strategy, model, stage_key,
+        questions, retrievals[retrievals["qid"].isin(qids)], votes, generations,
+    )  # fmt: skip
+    segment = store.write("outcomes", new_events("outcomes", spec.name, rows)) if rows else None
+    return StageResult("evaluate", cell, stage_key, str(segment) if segment else None, len(rows), run_token, {})
+
+
+@task(name="evaluate", cache_key_fn=lambda ctx, params: params["stage_key"], persist_result=True)
+def evaluate_task(
+    spec_dict: dict,
+    store_root: str, questions_segment: str,
+    retriever_name: str,
+    strategy: str,
+    qids: list[str],
+    retrieval_segments: list[str | None],
+    generation_segments: list[str | None],
+    vote_segment: str | None,
+    stage_key: str,
+    run_token: str,
+) -> StageResult:
+    return run_evaluate(
+        spec_dict, store_root, questions_segment, retriever_name, strategy, qids,
+        retrieval_segments, generation_segments, vote_segment, stage_key, run_token,
+    )  # fmt: skip

@@ -1,0 +1,177 @@
+"""Stage 2 — generate: one round of a reader strategy over a shard, model calls run concurrently.
+
+The strategy plans the calls (pure); this stage executes them through the cached `LLMClient` and
+stores each call as a GenerationRecord with its prompt, raw output and parsed answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pandas as pd
+from prefect import task
+
+from ragledger import progress
+from ragledger.llm import LLMClient, LLMRequest, LLMResponse, run_on_engine
+from schemas.spec import ExperimentSpec
+from tasks.context import StageResult, cell_name, llm_client_for, read_questions, spec_from, store_from
+from tasks.readers import get_reader
+from tasks.readers.base import Call, Generation, Passage, Reader, ReaderInput, ReaderSettings, parse_output
+from tasks.retrieve import passages_by_question
+from tracking.events import EventStore, event_id, new_events, stable_hash
+
+
+def reader_inputs(questions: pd.DataFrame, retrievals: pd.DataFrame) -> list[ReaderInput]:
+    by_q = passages_by_question(retrievals)
+    return [
+        ReaderInput(r.qid, r.question, tuple(Passage(pid, text) for pid, text in by_q.get(r.qid, [])))
+        for r in questions.itertuples()
+    ]
+
+
+def history_by_question(generations: pd.DataFrame) -> dict[str, list[Generation]]:
+    out: dict[str, list[Generation]] = {}
+    if generations.empty:
+        return out
+    for g in generations.sort_values(["round", "call_index"]).itertuples():
+        out.setdefault(g.qid, []).append(
+            Generation(
+                round=int(g.round),
+                role=g.role,
+                sample_index=int(g.sample_index),
+                passage_ids=tuple(g.passage_ids),
+                output=g.output,
+                parsed_answer=g.parsed_answer,
+                parse_status=g.parse_status,
+                mean_logprob=None if pd.isna(g.logprob) else float(g.logprob),
+            )
+        )
+    return out
+
+
+def to_request(call: Call, spec: ExperimentSpec) -> LLMRequest:
+    m = spec.model
+    return LLMRequest(
+        system=call.system,
+        prompt=call.prompt,
+        temperature=m.temperature if call.temperature is None else call.temperature,
+        top_p=m.top_p if call.top_p is None else call.top_p,
+        max_tokens=m.max_tokens if call.max_tokens is None else call.max_tokens,
+        seed=m.seed,
+        sample_index=call.sample_index,
+        logprobs=call.logprobs,
+    )
+
+
+def generation_rows(
+    spec: ExperimentSpec,
+    reader: Reader,
+    retriever_name: str,
+    round_no: int,
+    stage_key: str,
+    planned: list[tuple[str, int, Call, LLMRequest]],
+    responses: list[LLMResponse],
+    client: LLMClient,
+) -> list[dict[str, Any]]:
+    rows = []
+    model = spec.model.display_name
+    cell = cell_name(retriever_name, reader.name, model)
+    for (qid, call_index, call, req), resp in zip(planned, responses, strict=True):
+        answer, status = parse_output(resp.text, call.parser)
+        call_id = client.cache_key(req)
+        rows.append(
+            {
+                "event_id": event_id("generations", spec.name, stage_key, qid, round_no, call_index, call_id),
+                "cell": cell,
+                "qid": qid,
+                "retriever": retriever_name,
+                "strategy": reader.name,
+                "round": round_no,
+                "role": call.role,
+                "call_index": call_index,
+                "sample_index": call.sample_index,
+                "call_id": call_id,
+                "prompt_version": reader.prompt_version,
+                "prompt_hash": stable_hash(call.system, call.prompt),
+                "system_prompt": call.system,
+                "prompt": call.prompt,
+                "passage_ids": list(call.passage_ids),
+                "output": resp.text,
+                "parsed_answer": answer,
+                "parse_status": status,
+                "logprob": resp.mean_logprob,
+                "tokens_in": resp.tokens_in,
+                "tokens_out": resp.tokens_out,
+                "latency_ms": resp.latency_ms,
+                "model": model,
+                "from_cache": resp.from_cache,
+                "retries": resp.retries,
+            }
+        )
+    return rows
+
+
+def run_generate_round(
+    spec_dict: dict,
+    store_root: str, questions_segment: str,
+    base_url: str,
+    retriever_name: str,
+    strategy: str,
+    round_no: int,
+    qids: list[str],
+    retrieval_segments: list[str | None],
+    previous_segments: list[str | None],
+    stage_key: str,
+    run_token: str,
+) -> StageResult:
+    spec = spec_from(spec_dict)
+    store: EventStore = store_from(store_root)
+    reader = get_reader(strategy)
+    questions = read_questions(store, questions_segment, qids)
+    retrievals = store.read("retrievals", paths=[p for p in retrieval_segments if p])
+    retrievals = retrievals[retrievals["qid"].isin(qids)]
+    history = history_by_question(store.read("generations", paths=[p for p in previous_segments if p]))
+    settings = ReaderSettings()
+    planned: list[tuple[str, int, Call, LLMRequest]] = []
+    for item in reader_inputs(questions, retrievals):
+        for i, call in enumerate(reader.plan(round_no, item, history.get(item.qid, []), settings)):
+            planned.append((item.qid, i, call, to_request(call, spec)))
+    client = llm_client_for(spec, base_url, store_root)
+
+    async def run_all() -> list[LLMResponse]:
+        # report progress per finished call so a long shard shows movement
+        async def one(req: LLMRequest) -> LLMResponse:
+            resp = await client.complete(req)
+            progress.advance("generate calls", 1)
+            return resp
+
+        return await asyncio.gather(*(one(req) for _, _, _, req in planned))
+
+    responses = run_on_engine(run_all()) if planned else []
+    rows = generation_rows(spec, reader, retriever_name, round_no, stage_key, planned, responses, client)
+    segment = store.write("generations", new_events("generations", spec.name, rows)) if rows else None
+    c = client.counters
+    counters = {"llm_calls": c.calls, "cache_hits": c.cache_hits, "retries": c.retries, "tokens_in": c.tokens_in, "tokens_out": c.tokens_out}
+    cell = cell_name(retriever_name, strategy, spec.model.display_name)
+    return StageResult(f"generate round {round_no}", cell, stage_key, str(segment) if segment else None, len(rows), run_token, counters)
+
+
+@task(name="generate-round", cache_key_fn=lambda ctx, params: params["stage_key"], persist_result=True)
+def generate_round_task(
+    spec_dict: dict,
+    store_root: str, questions_segment: str,
+    base_url: str,
+    retriever_name: str,
+    strategy: str,
+    round_no: int,
+    qids: list[str],
+    retrieval_segments: list[str | None],
+    previous_segments: list[str | None],
+    stage_key: str,
+    run_token: str,
+) -> StageResult:
+    return run_generate_round(
+        spec_dict, store_root, questions_segment, base_url, retriever_name, strategy, round_no, qids,
+        retrieval_segments, previous_segments, stage_key, run_token,
+    )  # fmt: skip

@@ -1,0 +1,153 @@
+"""What a reader strategy is: rounds of planned model calls, then a decision.
+
+A strategy never calls the model itself. For each round it *plans* calls from the question, its
+passages and the generations of earlier rounds; the generate stage executes them (cached,
+concurrently) and stores each as a GenerationRecord. After the last round the strategy *decides*
+the answer from all generations; the vote stage stores that as a VoteRecord. This keeps every
+strategy a pure, testable function of stored records.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from ragledger.answers import is_unknown, normalize_answer
+
+
+@dataclass(frozen=True)
+class Passage:
+    pid: str
+    text: str  # exactly as the reader sees it
+
+
+@dataclass(frozen=True)
+class ReaderInput:
+    qid: str
+    question: str
+    passages: tuple[Passage, ...]
+
+
+@dataclass(frozen=True)
+class Call:
+    role: str
+    system: str
+    prompt: str
+    passage_ids: tuple[str, ...] = ()
+    sample_index: int = 0
+    temperature: float | None = None  # None: the spec's sampling settings
+    top_p: float | None = None
+    max_tokens: int | None = None
+    logprobs: bool = False
+    parser: str = "short"  # how `parse_output` reads the answer
+
+
+@dataclass(frozen=True)
+class Generation:
+    round: int
+    role: str
+    sample_index: int
+    passage_ids: tuple[str, ...]
+    output: str
+    parsed_answer: str
+    parse_status: str
+    mean_logprob: float | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    method: str
+    candidates: tuple[str, ...]
+    scores: tuple[float, ...]
+    chosen: str
+
+
+@dataclass(frozen=True)
+class ReaderSettings:
+    """Strategy-independent knobs from the spec."""
+
+    samples: int = 1  # self-consistency: p samples per call at `sample_temperature`
+    sample_temperature: float = 0.7
+    extra: Mapping[str, object] = field(default_factory=dict)
+
+
+class Reader(ABC):
+    name: str
+    prompt_version: str
+    rounds: int = 1
+
+    @abstractmethod
+    def plan(self, round_no: int, item: ReaderInput, history: list[Generation], settings: ReaderSettings) -> list[Call]:
+        """The calls of round `round_no` (1-based) for one question; [] when this question needs none."""
+
+    @abstractmethod
+    def decide(self, item: ReaderInput, history: list[Generation]) -> Decision:
+        """The final answer from all of this question's generations."""
+
+
+# ---- prompt filling and output parsing -----------------------------------------------------------
+
+_FIELD = re.compile(r"\{(\w+)\}")
+
+
+def fill(template: str, **values: str) -> str:
+    """Fill `{name}` fields in one pass. Values are inserted verbatim and never re-scanned, so a
+    passage containing `{question}` or stray braces cannot break or inject into the prompt."""
+
+    def sub(m: re.Match[str]) -> str:
+        key = m.group(1)
+        return values[key] if key in values else m.group(0)
+
+    return _FIELD.sub(sub, template)
+
+
+_ANSWER_PREFIX = re.compile(r"^\s*(final\s+)?answer\s*[:：]\s*", re.IGNORECASE)
+
+
+def clean_answer(text: str) -> str:
+    text = _ANSWER_PREFIX.sub("", text.strip())
+    text = text.strip().strip('"“”\'`*').strip()
+    if text.endswith(".") and not re.search(r"\b[A-Z]\.$", text):
+        text = text[:-1].rstrip()
+    return text
+
+
+def parse_output(output: str, parser: str = "short") -> tuple[str, str]:
+    """Return (answer, parse_status). Never raises: messy outputs become 'unparseable' or 'empty'."""
+    if output is None or not output.strip():
+        return "", "empty"
+    if parser == "short":
+        first = next((ln for ln in output.strip().splitlines() if ln.strip()), "")
+        answer = clean_answer(first)
+        return (answer, "ok") if answer else ("", "empty")
+    if parser == "final_answer":  # CoT prompts: the text after the last "Answer:"
+        matches = list(re.finditer(r"answer\s*[:：]", output, re.IGNORECASE))
+        if not matches:
+            return "", "unparseable"
+        tail = output[matches[-1].end() :].strip()
+        first = next((ln for ln in tail.splitlines() if ln.strip()), "")
+        answer = clean_answer(first)
+        return (answer, "ok") if answer else ("", "unparseable")
+    raise ValueError(f"unknown parser {parser!r}")
+
+
+def majority_vote(answers: list[str]) -> Decision:
+    """Majority vote over an answer pool (Post-Fusion, seed 001 eq. 2).
+
+    Answers are grouped by their SQuAD-normalized form; "unknown" answers abstain and only win
+    when every answer abstains. Ties go to the group whose first answer came earliest (the
+    higher-ranked passage). The chosen surface form is the group's first answer.
+    """
+    groups: dict[str, list[int]] = {}
+    for i, a in enumerate(answers):
+        if not is_unknown(a):
+            groups.setdefault(normalize_answer(a), []).append(i)
+    candidates = tuple(answers)
+    if not groups:
+        return Decision("majority", candidates, tuple(0.0 for _ in answers), "unknown")
+    best = max(groups.items(), key=lambda kv: (len(kv[1]), -kv[1][0]))
+    counts = {k: len(v) for k, v in groups.items()}
+    scores = tuple(float(counts.get(normalize_answer(a), 0)) if not is_unknown(a) else 0.0 for a in answers)
+    return Decision("majority", candidates, scores, answers[best[1][0]])

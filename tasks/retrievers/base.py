@@ -1,0 +1,67 @@
+"""What a retriever is, and the corpus it searches."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from tracking.events import stable_hash
+
+
+@dataclass(frozen=True)
+class Hit:
+    pid: str
+    score: float | None
+    title: str
+    text: str  # exactly as the reader will see it
+
+
+@dataclass(frozen=True)
+class Query:
+    qid: str
+    text: str
+
+
+def reader_text(title: str, text: str) -> str:
+    """The passage text a reader sees: its title, then its paragraph."""
+    return f"{title}: {text}" if title else text
+
+
+@dataclass
+class Corpus:
+    passages: pd.DataFrame  # pid, title, text
+    corpus_hash: str
+
+    @classmethod
+    def from_frame(cls, df: pd.DataFrame) -> Corpus:
+        df = df[["pid", "title", "text"]].reset_index(drop=True)
+        h = stable_hash("corpus", df["pid"].tolist(), df["title"].tolist(), df["text"].tolist())
+        return cls(df, h)
+
+    def lookup(self) -> dict[str, tuple[str, str]]:
+        if not hasattr(self, "_lookup"):
+            self._lookup = dict(zip(self.passages["pid"], zip(self.passages["title"], self.passages["text"], strict=True), strict=True))
+        return self._lookup
+
+    def hit(self, pid: str, score: float | None) -> Hit:
+        title, text = self.lookup()[pid]
+        return Hit(pid, score, title, reader_text(title, text))
+
+
+class Retriever(ABC):
+    """A named retriever. `name` is the spec string (e.g. `bm25@5`), which also labels its cell."""
+
+    code_version: str = "1"
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def prepare(self, corpus: Corpus, index_root: Path, log=print) -> None:  # noqa: B027 (optional hook)
+        """Build or open whatever index this retriever needs (cached by corpus hash)."""
+
+    @abstractmethod
+    def retrieve(self, queries: list[Query]) -> dict[str, list[Hit]]:
+        """Top hits per query id, best first."""

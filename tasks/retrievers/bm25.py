@@ -1,0 +1,104 @@
+"""BM25 with Pyserini (Lucene) over a locally built index of the corpus.
+
+The index is built once per corpus hash (atomically: built in a temporary folder, then renamed)
+and reused by every experiment. Search goes through Anserini's SimpleSearcher via Pyserini's
+pyjnius bridge, avoiding the ~16 s import of `pyserini.search.lucene` (it pulls in torch).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+
+from tasks.retrievers.base import Corpus, Hit, Query, Retriever
+
+BM25_K1 = 0.9  # Anserini/Pyserini defaults
+BM25_B = 0.4
+_searchers: dict[str, object] = {}
+_lock = threading.Lock()
+
+
+def build_bm25_index(corpus: Corpus, index_root: Path, threads: int = 2, log=print) -> Path:
+    target = index_root / f"bm25-{corpus.corpus_hash}"
+    if (target / "ragledger-complete").exists():
+        return target
+    from ragledger.java import ensure_jvm
+
+    ensure_jvm()
+    from pyserini.pyclass import autoclass
+
+    index_root.mkdir(parents=True, exist_ok=True)
+    log(f"building BM25 index over {len(corpus.passages):,} passages (one time) ...")
+    work = Path(tempfile.mkdtemp(prefix=".bm25-build-", dir=index_root))
+    try:
+        docs = work / "docs"
+        docs.mkdir()
+        with (docs / "corpus.jsonl").open("w", encoding="utf-8") as fh:
+            for pid, title, text in corpus.passages[["pid", "title", "text"]].itertuples(index=False):
+                fh.write(json.dumps({"id": pid, "contents": f"{title}\n{text}"}) + "\n")
+        index_dir = work / "index"
+        autoclass("io.anserini.index.IndexCollection").main(
+            ["-collection", "JsonCollection", "-input", str(docs), "-index", str(index_dir),
+             "-generator", "DefaultLuceneDocumentGenerator", "-threads", str(threads),
+             "-storePositions", "-storeDocvectors", "-storeRaw", "-quiet"]
+        )  # fmt: skip
+        (index_dir / "ragledger-complete").write_text(corpus.corpus_hash)
+        try:
+            os.replace(index_dir, target)
+        except OSError:
+            if not (target / "ragledger-complete").exists():  # lost a race only if the winner finished
+                raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    log(f"BM25 index ready: {target}")
+    return target
+
+
+def _searcher(index_dir: Path):
+    key = str(index_dir)
+    with _lock:
+        if key not in _searchers:
+            from ragledger.java import ensure_jvm
+
+            ensure_jvm()
+            from pyserini.pyclass import autoclass
+
+            searcher = autoclass("io.anserini.search.SimpleSearcher")(key)
+            searcher.set_bm25(BM25_K1, BM25_B)
+            _searchers[key] = searcher
+        return _searchers[key]
+
+
+def bm25_batch_search(index_dir: Path, queries: list[Query], k: int, threads: int = 2) -> dict[str, list[tuple[str, float]]]:
+    from pyserini.pyclass import JArrayList
+
+    searcher = _searcher(index_dir)
+    q_list, id_list = JArrayList(), JArrayList()
+    for q in queries:
+        q_list.add(q.text)
+        id_list.add(q.qid)
+    results = searcher.batch_search(q_list, id_list, int(k), int(threads))
+    return {q.qid: [(h.docid, float(h.score)) for h in results.get(q.qid)] for q in queries}
+
+
+class BM25(Retriever):
+    code_version = "bm25-1"
+
+    def __init__(self, name: str, k: int):
+        super().__init__(name)
+        self.k = k
+        self.corpus: Corpus | None = None
+        self.index_dir: Path | None = None
+
+    def prepare(self, corpus: Corpus, index_root: Path, log=print) -> None:
+        self.corpus = corpus
+        self.index_dir = build_bm25_index(corpus, index_root, log=log)
+
+    def retrieve(self, queries: list[Query]) -> dict[str, list[Hit]]:
+        assert self.corpus is not None and self.index_dir is not None, "call prepare() first"
+        ranked = bm25_batch_search(self.index_dir, queries, self.k, threads=os.cpu_count() or 2)
+        return {qid: [self.corpus.hit(pid, score) for pid, score in hits] for qid, hits in ranked.items()}

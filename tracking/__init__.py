@@ -1,0 +1,1 @@
+"""Event store, LLM-call cache, MLflow logging, query layer and analyses."""

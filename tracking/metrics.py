@@ -1,0 +1,60 @@
+"""Headline metrics of a cell, computed from its stored outcome (and retrieval) records."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+HEADLINE = ["em", "f1", "semantic_acc", "unk_pct", "nm_pct", "recall_at_k", "gold_paragraph_hit"]
+
+
+def _pct(x: float) -> float:
+    return round(100.0 * x, 2)
+
+
+def cell_metrics(outcomes: pd.DataFrame, retrievals: pd.DataFrame | None = None, questions: pd.DataFrame | None = None) -> dict:
+    """EM, F1, semantic accuracy, %Unk, %NM (seed 001), Recall@k and usage per question for one cell.
+
+    %NM: among questions whose answer pool holds a correct answer, the share where the vote picks a
+    wrong one; undefined (NaN, shown as '-') for single-answer readers.
+    Recall@k: share of questions whose gold answer occurs in the retrieved text (`gold_in_context`).
+    """
+    n = len(outcomes)
+    if n == 0:
+        return {"questions": 0}
+    pool = outcomes[outcomes["pool_has_correct"].astype("boolean").fillna(False)]
+    sem = outcomes["semantic_match"].dropna()
+    m = {
+        "questions": n,
+        "em": _pct(outcomes["em"].mean()),
+        "f1": _pct(outcomes["f1"].mean()),
+        "semantic_acc": _pct(sem.mean()) if len(sem) else math.nan,
+        "unk_pct": _pct(outcomes["is_unknown"].mean()),
+        "nm_pct": _pct((pool["em"] < 1).mean()) if len(pool) else math.nan,
+        "recall_at_k": _pct(outcomes["gold_in_context"].mean()),
+        "tokens_in_per_q": round(outcomes["tokens_in"].mean(), 1),
+        "tokens_out_per_q": round(outcomes["tokens_out"].mean(), 1),
+        "calls_per_q": round(outcomes["llm_calls"].mean(), 2),
+    }
+    m["gold_paragraph_hit"] = math.nan
+    if retrievals is not None and questions is not None and not retrievals.empty:
+        gold = {r.qid: set(r.gold_pids) for r in questions.itertuples() if len(r.gold_pids)}
+        if gold:
+            got = retrievals.groupby("qid")["pid"].apply(set)
+            hits = [bool(gold[q] & got.get(q, set())) for q in outcomes["qid"] if q in gold]
+            if hits:
+                m["gold_paragraph_hit"] = _pct(float(np.mean(hits)))
+    return m
+
+
+def bootstrap_ci(values: np.ndarray, n_resamples: int = 1000, seed: int = 0, alpha: float = 0.05) -> tuple[float, float]:
+    """Percentile bootstrap CI of the mean (in the values' units)."""
+    values = np.asarray(values, dtype=float)
+    if len(values) == 0:
+        return (math.nan, math.nan)
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(values), size=(n_resamples, len(values)))
+    means = values[idx].mean(axis=1)
+    return float(np.quantile(means, alpha / 2)), float(np.quantile(means, 1 - alpha / 2))

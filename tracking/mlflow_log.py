@@ -1,0 +1,112 @@
+"""MLflow layout: one parent run per experiment execution, one nested run per cell.
+
+Params are the cell's full config (secrets never: API keys are referenced by env-var name only and
+URL credentials are redacted); metrics go in one batched call per run (no per-example log_metric);
+record segments are artifacts under `records/<kind>/`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+SECRET_PATTERN = re.compile(r"(?i)(api[_-]?key|password|secret|token)")
+
+
+def default_tracking_uri(workdir: Path | None = None) -> str:
+    base = (workdir or Path.cwd()) / ".ragledger"
+    base.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{(base / 'mlflow.db').resolve()}"
+
+
+def resolve_tracking_uri(spec_uri: str | None) -> str:
+    return spec_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri()
+
+
+def redact_url(url: str | None) -> str | None:
+    if url is None:
+        return None
+    return re.sub(r"//[^/@]+@", "//***@", url)
+
+
+def flatten(prefix: str, value: Any, out: dict[str, str]) -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            flatten(f"{prefix}.{k}" if prefix else str(k), v, out)
+    elif isinstance(value, list):
+        out[prefix] = ",".join(map(str, value))[:6000]
+    else:
+        if SECRET_PATTERN.search(prefix.split(".")[-1]) and not prefix.endswith("_env"):
+            value = "***"
+        out[prefix] = str(value)[:6000]
+
+
+class MlflowLogger:
+    def __init__(self, tracking_uri: str, experiment_name: str):
+        import mlflow
+        from mlflow import MlflowClient
+
+        self.tracking_uri = tracking_uri
+        mlflow.set_tracking_uri(tracking_uri)
+        self.client = MlflowClient(tracking_uri=tracking_uri)
+        exp = self.client.get_experiment_by_name(experiment_name)
+        if exp is None:
+            artifact_location = None
+            if tracking_uri.startswith("sqlite:///"):
+                # embedded default: artifacts beside the SQLite file
+                artifact_location = (Path(tracking_uri.removeprefix("sqlite:///")).parent / "mlartifacts").resolve().as_uri()
+            try:
+                self.experiment_id = self.client.create_experiment(
+                    experiment_name,
+                    artifact_location=artifact_location,
+                    # open in the classic runs view, not the GenAI overview
+                    tags={"mlflow.experimentKind": "custom_model_development"},
+                )
+            except Exception:  # created concurrently by another run
+                exp = self.client.get_experiment_by_name(experiment_name)
+                assert exp is not None
+                self.experiment_id = exp.experiment_id
+        else:
+            self.experiment_id = exp.experiment_id
+
+    def start_run(self, name: str, tags: dict[str, str], parent_run_id: str | None = None) -> str:
+        tags = dict(tags)
+        if parent_run_id:
+            tags["mlflow.parentRunId"] = parent_run_id
+        run = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
+        return run.info.run_id
+
+    def log(self, run_id: str, params: dict[str, str] | None = None, metrics: dict[str, float] | None = None,
+            tags: dict[str, str] | None = None) -> None:
+        from mlflow.entities import Metric, Param, RunTag
+
+        now = int(time.time() * 1000)
+        ms = [Metric(k, float(v), now, 0) for k, v in (metrics or {}).items() if v is not None and not math.isnan(float(v))]
+        ps = [Param(k, v) for k, v in (params or {}).items()]
+        ts = [RunTag(k, v) for k, v in (tags or {}).items()]
+        for i in range(0, max(len(ms), len(ps), len(ts), 1), 100):  # MLflow caps a batch at 100 params
+            self.client.log_batch(run_id, metrics=ms[i : i + 1000], params=ps[i : i + 100], tags=ts[i : i + 100])
+
+    def log_artifacts(self, run_id: str, files: list[str | Path], artifact_path: str) -> None:
+        for f in files:
+            if f and Path(f).exists():
+                self.client.log_artifact(run_id, str(f), artifact_path)
+
+    def log_text(self, run_id: str, text: str, artifact_file: str) -> None:
+        self.client.log_text(run_id, text, artifact_file)
+
+    def log_spec(self, run_id: str, spec_dict: dict) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            p = Path(tmp) / "spec.yaml"
+            p.write_text(yaml.safe_dump(spec_dict, sort_keys=False))
+            self.client.log_artifact(run_id, str(p))
+
+    def end(self, run_id: str, status: str = "FINISHED") -> None:
+        self.client.set_terminated(run_id, status)
