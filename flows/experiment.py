@@ -244,7 +244,7 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
     for c in cells:
         for sid, s in zip(shard_ids, shards, strict=True):
             last_gen = gen_keys[(c.name, sid, c.rounds)]
-            vkey = stable_hash("vote", last_gen, get_reader(c.strategy).prompt_version)
+            vkey = stable_hash("vote", last_gen, get_reader(c.strategy).vote_version)
             vote_params.append(dict(
                 spec_dict=spec_dict, store_root=store_root, questions_segment=q_segment, retriever_name=c.retriever,
                 strategy=c.strategy, qids=s, retrieval_segments=[retrieved[(c.retriever, sid)].segment],

@@ -73,14 +73,22 @@ UNKNOWN_PHRASES = (
 )
 
 
+_LEADING_ABSTENTION = re.compile(
+    r"^\W*(" + "|".join(re.escape(p).replace("\\ ", r"\W+") for p in ("unknown", "no answer", "cannot be determined",
+                                                                     "i don't know", "i do not know", "not enough information"))
+    + r")\s*[.,;:!\-–—(]", re.IGNORECASE)
+
+
 def is_unknown(prediction: str | None) -> bool:
-    """True when the answer is empty or abstains ("unknown" and documented variants)."""
+    """True when the answer is empty or abstains: "unknown" and documented variants, either as the
+    whole answer or followed by punctuation and an explanation ("Unknown - the passage does not say").
+    "Unknown Pleasures" is an answer, not an abstention."""
     if prediction is None:
         return True
     norm = normalize_answer(prediction)
     if not norm:
         return True
-    return any(norm == p or norm.startswith(p + " ") for p in UNKNOWN_PHRASES)
+    return norm in UNKNOWN_PHRASES or bool(_LEADING_ABSTENTION.match(prediction))
 
 
 def contains_token_sequence(haystack: str, needle: str) -> bool:

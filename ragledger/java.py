@@ -33,7 +33,8 @@ def ensure_jvm() -> None:
             jnius_config.add_options = add_options
             jnius_config._ragledger_patched = True
             if not jnius_config.vm_running:
-                jnius_config.add_options("-Xmx4g")
+                # quiet Lucene's sun.misc.Unsafe warnings on Java 24+
+                jnius_config.add_options("-Xmx4g", "--sun-misc-unsafe-memory-access=allow", "--enable-native-access=ALL-UNNAMED")
         import pyserini.pyclass  # noqa: F401  (configures the classpath and starts the JVM)
 
         _ready = True

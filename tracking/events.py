@@ -54,10 +54,19 @@ def new_events(kind: str, experiment: str, rows: list[dict[str, Any]]) -> pd.Dat
 
 
 def _table_checksum(table: pa.Table) -> str:
+    """sha256 of the rows as a Parquet reader returns them (metadata dropped, chunks combined), so the
+    same rows always hash the same however they were laid out in memory when written."""
+    table = table.replace_schema_metadata(None).combine_chunks()
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema.remove_metadata()) as writer:
-        writer.write_table(table.replace_schema_metadata(None))
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
     return hashlib.sha256(sink.getvalue().to_pybytes()).hexdigest()
+
+
+def _parquet_roundtrip_checksum(table: pa.Table) -> str:
+    buf = pa.BufferOutputStream()
+    pq.write_table(table, buf, compression="zstd")
+    return _table_checksum(pq.read_table(pa.BufferReader(buf.getvalue())))
 
 
 @dataclass(frozen=True)
@@ -93,7 +102,7 @@ class EventStore:
         target.parent.mkdir(parents=True, exist_ok=True)
         table = pa.Table.from_pandas(df.reset_index(drop=True), preserve_index=False)
         table = table.replace_schema_metadata(
-            {**(table.schema.metadata or {}), CHECKSUM_KEY: _table_checksum(table).encode(), KIND_KEY: kind.encode()}
+            {**(table.schema.metadata or {}), CHECKSUM_KEY: _parquet_roundtrip_checksum(table).encode(), KIND_KEY: kind.encode()}
         )
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".parquet", dir=target.parent)
         try:

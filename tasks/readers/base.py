@@ -75,7 +75,8 @@ class ReaderSettings:
 
 class Reader(ABC):
     name: str
-    prompt_version: str
+    prompt_version: str  # enters the generate cache keys: a prompt change re-runs generation
+    vote_version: str = "1"  # enters the vote cache keys only: a new decision rule re-runs no model call
     rounds: int = 1
 
     @abstractmethod

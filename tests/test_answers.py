@@ -1,0 +1,53 @@
+import pytest
+
+from ragledger.answers import em_score, f1_score, has_answer, is_unknown, normalize_answer, token_f1
+
+
+@pytest.mark.parametrize(
+    ("raw", "norm"),
+    [
+        ("The Denver Broncos!", "denver broncos"),
+        ("  an   apple, a day ", "apple day"),
+        ("Theatre of the absurd", "theatre of absurd"),  # 'the' only as a whole word
+        ("U.S.A.", "usa"),
+        ("", ""),
+        ("a an the", ""),
+        ("Ça va — très bien", "ça va — très bien"),  # only ASCII punctuation is stripped (official script)
+    ],
+)
+def test_normalize_matches_squad_v11(raw, norm):
+    assert normalize_answer(raw) == norm
+
+
+def test_em_is_max_over_golds():
+    assert em_score("denver broncos", ["Carolina Panthers", "The Denver Broncos"]) == 1.0
+    assert em_score("Broncos", ["Denver Broncos"]) == 0.0
+
+
+def test_f1_partial_overlap_and_duplicates():
+    # pred tokens: denver broncos team ; gold: denver broncos -> P=2/3 R=1 F1=0.8
+    assert token_f1("Denver Broncos team", "Denver Broncos") == pytest.approx(0.8)
+    # repeated tokens count with multiplicity (Counter intersection)
+    assert token_f1("the the cat cat", "cat") == pytest.approx(2 * 0.5 * 1 / 1.5)
+    assert f1_score("", ["anything"]) == 0.0
+    assert f1_score("x", ["a", "x y"]) == pytest.approx(2 / 3)
+
+
+@pytest.mark.parametrize("text", ["unknown", "Unknown.", "UNKNOWN - the passage does not say", "", "  ", "No answer",
+                                  "cannot be determined", "I don't know", "Unknown, the context does not say.", "no answer."])
+def test_unknown_variants(text):
+    assert is_unknown(text)
+
+
+@pytest.mark.parametrize("text", ["Unknown Pleasures", "Denver", "nonetheless", "known", "unknowns"])
+def test_answers_that_are_not_abstentions(text):
+    assert not is_unknown(text)
+
+
+def test_has_answer_token_subsequence():
+    ctx = "Super Bowl 50 was won by the Denver Broncos, who beat Carolina."
+    assert has_answer(ctx, ["Denver Broncos"])
+    assert has_answer(ctx, ["the Denver Broncos"])  # articles dropped on both sides
+    assert not has_answer(ctx, ["Denver Bronco"])  # whole tokens only
+    assert not has_answer(ctx, ["Broncos Denver"])
+    assert not has_answer("", ["x"])

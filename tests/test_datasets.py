@@ -1,0 +1,99 @@
+import gzip
+import json
+
+import pytest
+
+from ragledger.datasets import DatasetError, load_corpus, load_questions, sample_questions
+
+
+@pytest.mark.parametrize(
+    ("name", "path", "count"),
+    [
+        ("squad", "squad/dev-v1.1.json.gz", 10570),
+        ("squad", "squad/train-v1.0.json.gz", 87636),
+        ("nq-open", "nq-open/NQ-open.dev.jsonl", 3610),
+        ("nq-open", "nq-open/NQ-open.efficientqa.dev.1.1.jsonl", 1800),
+        ("triviaqa", "triviaqa/dev.jsonl.gz", 8837),
+        ("triviaqa", "triviaqa/test.jsonl.gz", 11313),
+        ("webquestions", "webquestions/test.json", 2032),
+        ("webquestions", "webquestions/val.json", 755),
+        ("dpr-topics", "dpr-topics/topics.dpr.nq.test.txt.gz", 3610),
+        ("dpr-topics", "dpr-topics/topics.dpr.trivia.test.txt.gz", 11313),
+        ("dpr-topics", "dpr-topics/topics.dpr.squad.test.txt.gz", 10570),
+        ("dpr-topics", "dpr-topics/topics.dpr.wq.test.txt.gz", 2032),
+    ],
+)
+def test_real_files_load_completely_with_unique_ids(data_dir, name, path, count):
+    qs = load_questions(name, path)
+    assert len(qs) == count
+    assert len({q.qid for q in qs}) == count
+    assert all(q.question and q.answers for q in qs)
+
+
+def test_squad_knows_gold_paragraph_and_corpus_has_it(data_dir):
+    qs = load_questions("squad", "squad/dev-v1.1.json.gz")
+    corpus = load_corpus("squad-paragraphs", ["squad/dev-v1.1.json.gz", "squad/train-v1.0.json.gz"])
+    assert len(corpus) == 20963
+    pids = set(corpus["pid"])
+    assert all(q.gold_pids and q.gold_pids[0] in pids for q in qs[:500])
+
+
+def test_sampling_is_seeded_and_stable(data_dir):
+    qs = load_questions("squad", "squad/dev-v1.1.json.gz")
+    a = [q.qid for q in sample_questions(qs, 20, seed=1)]
+    assert a == [q.qid for q in sample_questions(list(reversed(qs)), 20, seed=1)]
+    assert a != [q.qid for q in sample_questions(qs, 20, seed=2)]
+
+
+def write_jsonl(path, rows, raw_lines=()):
+    with open(path, "w", encoding="utf-8") as fh:
+        for r in rows:
+            fh.write(json.dumps(r) + "\n")
+        for line in raw_lines:
+            fh.write(line + "\n")
+
+
+@pytest.mark.parametrize(
+    ("rows", "raw", "needle"),
+    [
+        ([{"question": "q?", "answers": []}], (), "row 1: field 'answers' has no answers"),
+        ([{"question": "", "answers": ["a"]}], (), "row 1: field 'question' is empty"),
+        ([{"question": "q?", "answers": ["a"]}], ("{not json",), "row 2: malformed JSON"),
+        ([{"id": "x", "question": "q?", "answers": ["a"]}, {"id": "x", "question": "r?", "answers": ["b"]}], (),
+         "row 2: field 'id': duplicate id 'x'"),
+        ([{"question": "q?", "answers": [1, 2]}], (), "row 1: field 'answers' must be a list of strings"),
+    ],
+)
+def test_malformed_user_jsonl(tmp_path, rows, raw, needle):
+    p = tmp_path / "mine.jsonl"
+    write_jsonl(p, rows, raw)
+    with pytest.raises(DatasetError) as exc:
+        load_questions("jsonl", str(p))
+    assert str(p) in str(exc.value) and needle in str(exc.value)
+
+
+def test_missing_and_non_utf8_files(tmp_path):
+    with pytest.raises(DatasetError, match="file not found"):
+        load_questions("jsonl", str(tmp_path / "nope.jsonl"))
+    p = tmp_path / "latin1.jsonl.gz"
+    with gzip.open(p, "wb") as fh:
+        fh.write('{"question": "caf\xe9?", "answers": ["x"]}\n'.encode("latin-1"))
+    with pytest.raises(DatasetError, match="not valid UTF-8"):
+        load_questions("jsonl", str(p))
+
+
+def test_squad_without_data_field(tmp_path):
+    p = tmp_path / "s.json"
+    p.write_text(json.dumps({"version": "1.1"}))
+    with pytest.raises(DatasetError, match="field 'data' missing"):
+        load_questions("squad", str(p))
+
+
+def test_user_corpus_jsonl(tmp_path):
+    p = tmp_path / "c.jsonl"
+    write_jsonl(p, [{"id": 1, "title": "T", "text": "hello"}, {"id": "2", "text": "world"}])
+    df = load_corpus("jsonl", [str(p)])
+    assert list(df["pid"]) == ["1", "2"] and list(df["title"]) == ["T", ""]
+    write_jsonl(p, [{"id": 1, "text": ""}])
+    with pytest.raises(DatasetError, match="row 1: field 'text' is empty"):
+        load_corpus("jsonl", [str(p)])

@@ -1,0 +1,101 @@
+"""The LLM client against a scripted OpenAI-compatible server (a stand-in for vLLM/OpenAI)."""
+
+import pytest
+
+from ragledger.llm import BackendError, LLMClient, LLMRequest, run_on_engine
+from tests.fakes.openai_server import Faults, ScriptedServer
+from tracking.llm_cache import LLMCallCache
+
+
+def req(prompt="Q: capital of France?", **kw):
+    base = dict(system="sys", prompt=prompt, temperature=0.0, top_p=1.0, max_tokens=8, seed=0)
+    return LLMRequest(**{**base, **kw})
+
+
+def client(server, cache=None, **kw):
+    return LLMClient(base_url=server.base_url, model="scripted", backend_identity="fake", cache=cache,
+                     backoff_base_s=0.01, backoff_max_s=0.05, **kw)
+
+
+def test_cache_makes_identical_calls_once(tmp_path):
+    with ScriptedServer(answer=lambda s, p, b: "Paris") as server:
+        cache = LLMCallCache(tmp_path / "c.sqlite")
+        c = client(server, cache)
+        first = run_on_engine(c.complete(req()))
+        second = run_on_engine(c.complete(req()))
+        other_sample = run_on_engine(c.complete(req(sample_index=1)))
+        assert first.text == second.text == other_sample.text == "Paris"
+        assert not first.from_cache and second.from_cache and not other_sample.from_cache
+        assert server.calls == 2 and c.counters.calls == 2 and c.counters.cache_hits == 1
+        # a second process-level client on the same cache file also hits
+        c2 = client(server, LLMCallCache(tmp_path / "c.sqlite"))
+        assert run_on_engine(c2.complete(req())).from_cache and server.calls == 2
+
+
+def test_seed_per_sample_and_logprobs():
+    with ScriptedServer(answer=lambda s, p, b: "a b", logprob=-0.25) as server:
+        c = client(server)
+        r = run_on_engine(c.complete(req(sample_index=3, logprobs=True)))
+        assert server.requests[-1]["seed"] == 3
+        assert r.mean_logprob == pytest.approx(-0.25)
+        assert run_on_engine(c.complete(req(prompt="x"))).mean_logprob is None
+
+
+def test_cache_key_covers_everything_that_changes_the_answer():
+    with ScriptedServer() as server:
+        c = client(server)
+        base = c.cache_key(req())
+        assert c.cache_key(req()) == base
+        for change in (dict(prompt="other"), dict(system="other"), dict(temperature=0.7), dict(top_p=0.9),
+                       dict(max_tokens=9), dict(seed=1), dict(sample_index=1), dict(logprobs=True)):
+            assert c.cache_key(req(**change)) != base, change
+        other_backend = LLMClient(base_url=server.base_url, model="scripted", backend_identity="other", cache=None)
+        assert other_backend.cache_key(req()) != base
+
+
+def test_faults_are_retried_until_success():
+    faults = Faults(http_500=0.3, http_429=0.1, malformed=0.1, empty=0.1, seed=7)
+    with ScriptedServer(answer=lambda s, p, b: p.upper(), faults=faults) as server:
+        c = client(server, max_retries=20)
+
+        async def many():
+            import asyncio
+
+            return await asyncio.gather(*(c.complete(req(prompt=f"q{i}")) for i in range(60)))
+
+        results = run_on_engine(many())
+        assert [r.text for r in results] == [f"Q{i}" for i in range(60)]
+        injected = sum(server.faults_injected.values())
+        assert injected > 10
+        assert c.counters.retries == injected == sum(r.retries for r in results)
+        print(f"faults injected {server.faults_injected}, retries {c.counters.retries}")
+
+
+def test_retry_after_is_honoured():
+    faults = Faults(http_429=1.0, retry_after_s=0.3)
+    with ScriptedServer(faults=faults) as server:
+        c = client(server, max_retries=2)
+        import time
+
+        t = time.perf_counter()
+        with pytest.raises(BackendError, match="gave up after 3 attempts; last error: HTTP 429"):
+            run_on_engine(c.complete(req()))
+        assert time.perf_counter() - t >= 0.6  # two waits of Retry-After, not the 0.01 s backoff
+
+
+def test_client_errors_are_not_retried():
+    with ScriptedServer() as server:
+        c = LLMClient(base_url=server.base_url.replace("/v1", "/nope"), model="m", backend_identity="x", cache=None)
+        with pytest.raises(BackendError, match="HTTP 404"):
+            run_on_engine(c.complete(req()))
+
+
+def test_backend_down_fails_within_bounded_time():
+    import time
+
+    c = LLMClient(base_url="http://127.0.0.1:9/v1", model="m", backend_identity="x", cache=None, max_retries=2,
+                  backoff_base_s=0.01, backoff_max_s=0.02, timeout_s=2)
+    t = time.perf_counter()
+    with pytest.raises(BackendError, match="APIConnectionError"):
+        run_on_engine(c.complete(req()))
+    assert time.perf_counter() - t < 10
