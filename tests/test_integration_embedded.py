@@ -1,0 +1,108 @@
+"""The real stack end to end: the embedded llama.cpp model, the real Pyserini index over all 20,963
+SQuAD paragraphs, Prefect, the event store and MLflow, driven through the CLI as a user would."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+RAGLEDGER = str(Path(sys.executable).parent / "ragledger")
+
+pytestmark = pytest.mark.integration
+
+
+def run_cli(cwd: Path, *args: str, timeout: int = 1200) -> subprocess.CompletedProcess:
+    env = {**os.environ}
+    for k in ("PREFECT_HOME", "PREFECT_LOCAL_STORAGE_PATH", "PREFECT_API_URL"):
+        env.pop(k, None)  # the CLI keeps its own Prefect home under .ragledger/, as for a user
+    return subprocess.run([RAGLEDGER, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory, ):
+    from ragledger.embedded import llama_server_available
+
+    assert llama_server_available(), "llama-cpp-python[server] missing: run bash infra/setup.sh"
+    cwd = tmp_path_factory.mktemp("smoke")
+    first = run_cli(cwd, "run", str(REPO / "configs" / "smoke.yaml"), "--json", "first.json")
+    assert first.returncode == 0, first.stdout + first.stderr
+    second = run_cli(cwd, "run", str(REPO / "configs" / "smoke.yaml"), "--json", "second.json")
+    assert second.returncode == 0, second.stdout + second.stderr
+    return cwd, first, second, json.loads((cwd / "first.json").read_text()), json.loads((cwd / "second.json").read_text())
+
+
+def test_real_run_prints_results_and_rerun_makes_no_model_call(smoke_run):
+    cwd, first, second, s1, s2 = smoke_run
+    print(first.stdout)
+    assert "EM" in first.stdout and "%NM" in first.stdout and "Recall@k" in first.stdout
+    assert s1["llm_calls"] > 0 and s1["questions"] == 6
+    assert "model calls this run: 0" in second.stdout
+    assert s2["llm_calls"] == 0 and s2["cells"] == s1["cells"]
+    for metrics in s1["cells"].values():
+        assert metrics["questions"] == 6
+        assert 0 <= metrics["em"] <= 100 and metrics["tokens_in_per_q"] > 0
+        assert metrics["recall_at_k"] > 0  # real BM25 over real SQuAD paragraphs finds gold answers
+
+
+def test_mlflow_runs_read_back_from_another_process(smoke_run):
+    cwd, _, _, s1, _ = smoke_run
+    script = f"""
+import json, mlflow
+from mlflow import MlflowClient
+mlflow.set_tracking_uri({s1['tracking_uri']!r})
+client = MlflowClient()
+parent = client.get_run({s1['mlflow_parent_run_id']!r})
+children = mlflow.search_runs(experiment_names=['smoke'], filter_string="tags.mlflow.parentRunId = '{s1['mlflow_parent_run_id']}'",
+                              output_format='list')
+out = dict(parent_metrics=parent.data.metrics, spec=[a.path for a in client.list_artifacts(parent.info.run_id)],
+           children={{c.info.run_name: dict(metrics=c.data.metrics, params=c.data.params,
+                      records=[a.path for a in client.list_artifacts(c.info.run_id, 'records')]) for c in children}})
+print(json.dumps(out))
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=cwd, check=True)
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["parent_metrics"]["llm_calls"] == s1["llm_calls"]
+    assert "spec.yaml" in out["spec"]
+    assert set(out["children"]) == set(s1["cells"])
+    for name, child in out["children"].items():
+        for metric in ("em", "f1", "unk_pct", "recall_at_k", "tokens_in_per_q", "calls_per_q"):
+            assert metric in child["metrics"], (name, metric)
+        assert child["metrics"]["em"] == pytest.approx(s1["cells"][name]["em"])
+        assert {"records/retrievals", "records/generations", "records/votes", "records/outcomes"} <= set(child["records"])
+        assert child["params"]["model.backend"] == "embedded"
+    if "post_fusion" in " ".join(out["children"]):
+        pf = next(c for n, c in out["children"].items() if "post_fusion" in n)
+        assert pf["metrics"]["calls_per_q"] == pytest.approx(3.0)  # bm25@3: one call per passage
+
+
+def test_outcomes_view_rereads_the_stored_records(smoke_run):
+    cwd, _, _, s1, _ = smoke_run
+    from tracking.query import query
+
+    df = query(cwd / ".ragledger" / "store", "SELECT cell, avg(em) * 100 AS em, count(*) AS n FROM outcomes GROUP BY cell")
+    for row in df.itertuples():
+        assert row.n == 6
+        assert row.em == pytest.approx(s1["cells"][row.cell]["em"], abs=0.01)
+    # every outcome links to its generations
+    linked = query(cwd / ".ragledger" / "store",
+                   "SELECT count(*) AS n FROM outcomes o JOIN generations g USING (qid, cell)")
+    assert int(linked["n"][0]) >= 12
+
+
+def test_store_verify_passes_and_eval_predictions_matches_squad_semantics(smoke_run, tmp_path, data_dir):
+    cwd, *_ = smoke_run
+    verify = run_cli(cwd, "store", "verify")
+    assert verify.returncode == 0 and "0 problem(s)" in verify.stdout
+    preds = tmp_path / "preds.json"
+    preds.write_text(json.dumps({"Super_Bowl_50_0_0": "Denver Broncos", "Super_Bowl_50_0_1": "the Carolina Panthers!"}))
+    out = run_cli(tmp_path, "eval-predictions", str(data_dir / "squad" / "dev-v1.1.json.gz"), str(preds))
+    scores = json.loads(out.stdout.strip().splitlines()[-1])
+    # 2 of 10,570 questions exactly right -> 100 * 2 / 10570
+    assert scores["exact_match"] == pytest.approx(100 * 2 / 10570)
+    assert scores["f1"] == pytest.approx(100 * 2 / 10570)
