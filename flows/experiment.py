@@ -32,7 +32,7 @@ from tasks.retrievers import parse_retriever
 from tasks.vote import vote_task
 from tracking.events import EventStore, event_id, new_events, stable_hash
 from tracking.metrics import cell_metrics
-from tracking.mlflow_log import MlflowLogger, flatten, redact_url, resolve_tracking_uri
+from tracking.mlflow_log import MlflowLogger, flatten, resolve_tracking_uri, safe_spec
 
 FLOW_VERSION = "1"
 
@@ -100,18 +100,18 @@ def log_to_mlflow(spec_dict: dict, summary_dict: dict, cell_segments: dict[str, 
                   run_stats: dict[str, float], tracking_uri: str) -> dict[str, Any]:
     spec = ExperimentSpec.model_validate(spec_dict)
     logger = MlflowLogger(tracking_uri, spec.tracking.mlflow_experiment or spec.name)
+    logger.close_abandoned_runs()
     common_tags = {"ragledger.experiment": spec.name, "ragledger.spec_hash": summary_dict["spec_hash"],
                    "ragledger.dataset": f"{spec.dataset.name}:{spec.dataset.path}"}
     parent = logger.start_run(spec.name, {**common_tags, "ragledger.level": "experiment"})
     params: dict[str, str] = {}
-    safe_spec = json.loads(json.dumps(spec_dict))
-    safe_spec["model"]["base_url"] = redact_url(safe_spec["model"].get("base_url"))
+    shown = safe_spec(spec_dict)
     for key in ("dataset", "corpus", "model", "execution"):
-        flatten(key, safe_spec[key], params)
+        flatten(key, shown[key], params)
     params["retrievers"] = ",".join(spec.retrievers)
     params["readers"] = ",".join(spec.readers)
     logger.log(parent, params=params, metrics={**run_stats, "questions": summary_dict["questions"]})
-    logger.log_spec(parent, safe_spec)
+    logger.log_spec(parent, shown)
     cell_runs = {}
     for cell, metrics in summary_dict["cells"].items():
         retriever, strategy, model = (part.strip() for part in cell.split("·"))
@@ -127,6 +127,10 @@ def log_to_mlflow(spec_dict: dict, summary_dict: dict, cell_segments: dict[str, 
     logger.log_text(parent, json.dumps(summary_dict["cells"], indent=2, default=str), "analysis/summary.json")
     logger.end(parent)
     return {"parent": parent, "cells": cell_runs, "experiment_id": logger.experiment_id}
+
+
+def in_cell(params: dict, cell: CellPlan) -> bool:
+    return params["retriever_name"] == cell.retriever and params["strategy"] == cell.strategy
 
 
 def _resolve(future_or_result) -> StageResult:
@@ -149,6 +153,7 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
     started = time.perf_counter()
     spec = ExperimentSpec.model_validate(spec_dict)
     store = EventStore(store_root)
+    store.remove_abandoned_temp_files()
     run_token = uuid.uuid4().hex
     spec_hash = spec.spec_hash()
 
@@ -274,9 +279,9 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
         segs = {
             "retrievals": [retrieved[(c.retriever, sid)].segment for sid in shard_ids],
             "generations": [g.segment for sid in shard_ids for g in generations[(c.name, sid)]],
-            "votes": [v.segment for v, p in zip(votes, vote_params, strict=True) if p["retriever_name"] == c.retriever and p["strategy"] == c.strategy],
-            "outcomes": [e.segment for e, p in zip(evals, eval_params, strict=True) if p["retriever_name"] == c.retriever and p["strategy"] == c.strategy],
-        }  # fmt: skip
+            "votes": [v.segment for v, p in zip(votes, vote_params, strict=True) if in_cell(p, c)],
+            "outcomes": [e.segment for e, p in zip(evals, eval_params, strict=True) if in_cell(p, c)],
+        }
         segs = {k: [s for s in v if s] for k, v in segs.items()}
         cell_segments[c.name] = {**segs, "questions": [q_segment]}
         outcomes = store.read("outcomes", paths=segs["outcomes"])
@@ -297,6 +302,7 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
     manifest_dir = Path(store_root) / "runs" / spec.name
     manifest_dir.mkdir(parents=True, exist_ok=True)
     manifest = manifest_dir / f"{time.strftime('%Y%m%dT%H%M%S')}-{run_token[:8]}.json"
-    manifest.write_text(json.dumps({"summary": asdict(summary), "segments": cell_segments, "spec": spec_dict}, indent=2, default=str))
+    manifest.write_text(json.dumps({"summary": asdict(summary), "segments": cell_segments,
+                                       "spec": safe_spec(spec_dict)}, indent=2, default=str))
     summary.manifest = str(manifest)
     return asdict(summary)

@@ -98,10 +98,7 @@ def contains_token_sequence(haystack: str, needle: str) -> bool:
         return False
     h = normalize_answer(haystack).split()
     first = n[0]
-    for i in range(len(h) - len(n) + 1):
-        if h[i] == first and h[i : i + len(n)] == n:
-            return True
-    return False
+    return any(h[i] == first and h[i : i + len(n)] == n for i in range(len(h) - len(n) + 1))
 
 
 def has_answer(context: str, golds: Iterable[str]) -> bool:

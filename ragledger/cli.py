@@ -26,7 +26,7 @@ models_app = typer.Typer(help="Embedded models (GGUF files shipped in PyPI packa
 app.add_typer(models_app, name="models")
 # wide enough for the results table when output goes to a file or CI log
 console = Console(width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # an error stays one line, whatever the terminal width
 
 USER_ERRORS: tuple[type[BaseException], ...] = ()
 
@@ -79,17 +79,17 @@ def run(
     json_out: Annotated[Path | None, typer.Option("--json", help="also write the run summary as JSON here")] = None,
 ) -> None:
     """Run an experiment: retrieve -> generate -> vote -> evaluate, tracked in the store and MLflow."""
-    from ragledger.prefect_env import configure_prefect_home
-
-    configure_prefect_home(Path.cwd())
     from schemas.spec import load_spec
 
     errors = _user_errors()
-    try:
+    try:  # every input is checked before anything is written (no .ragledger/ is created on bad input)
         spec = load_spec(spec_path)
         preflight(spec)
     except errors as exc:
         _fail(str(exc))
+    from ragledger.prefect_env import configure_prefect_home
+
+    configure_prefect_home(Path.cwd())
     store_root = store or spec.tracking.store
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -198,7 +198,7 @@ def store_verify(store: Annotated[str, typer.Option(help="event store directory"
 
     checked, problems = EventStore(store).verify()
     for p in problems:
-        err.print(f"[red]BAD[/] {p.path}: {p.problem}", highlight=False)
+        err.print(f"[red]BAD[/] {p.path.resolve()}: {p.problem}", highlight=False)
     console.print(f"{checked} segment(s) checked, {len(problems)} problem(s)")
     raise typer.Exit(1 if problems else 0)
 

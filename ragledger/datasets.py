@@ -38,7 +38,7 @@ class Question:
 def _open_text(path: Path) -> io.TextIOBase:
     if not path.is_file():
         raise DatasetError(f"{path}: file not found")
-    raw = gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")
+    raw = gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")  # noqa: SIM115 (closed by the wrapper)
     return io.TextIOWrapper(raw, encoding="utf-8", errors="strict", newline="")
 
 

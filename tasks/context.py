@@ -47,7 +47,13 @@ def store_from(store_root: str) -> EventStore:
 
 
 def index_root_for(store_root: str) -> Path:
-    return Path(store_root).resolve().parent / "indexes"
+    """Indexes are keyed by corpus hash and shared by every experiment and checkout on the machine
+    ($RAGLEDGER_INDEX_DIR, default ~/.cache/ragledger/indexes)."""
+    import os
+
+    from ragledger.paths import cache_home
+
+    return Path(os.environ.get("RAGLEDGER_INDEX_DIR") or cache_home() / "indexes")
 
 
 @functools.lru_cache(maxsize=4)

@@ -13,6 +13,7 @@ import pandas as pd
 from prefect import task
 
 from ragledger import progress
+from ragledger.crash import crashpoint
 from ragledger.llm import LLMClient, LLMRequest, LLMResponse, run_on_engine
 from schemas.spec import ExperimentSpec
 from tasks.context import StageResult, cell_name, llm_client_for, read_questions, spec_from, store_from
@@ -143,6 +144,7 @@ def run_generate_round(
         # report progress per finished call so a long shard shows movement
         async def one(req: LLMRequest) -> LLMResponse:
             resp = await client.complete(req)
+            crashpoint("generate.call")
             progress.advance("generate calls", 1)
             return resp
 
@@ -152,9 +154,11 @@ def run_generate_round(
     rows = generation_rows(spec, reader, retriever_name, round_no, stage_key, planned, responses, client)
     segment = store.write("generations", new_events("generations", spec.name, rows)) if rows else None
     c = client.counters
-    counters = {"llm_calls": c.calls, "cache_hits": c.cache_hits, "retries": c.retries, "tokens_in": c.tokens_in, "tokens_out": c.tokens_out}
+    counters = {"llm_calls": c.calls, "cache_hits": c.cache_hits, "retries": c.retries,
+                "tokens_in": c.tokens_in, "tokens_out": c.tokens_out}
     cell = cell_name(retriever_name, strategy, spec.model.display_name)
-    return StageResult(f"generate round {round_no}", cell, stage_key, str(segment) if segment else None, len(rows), run_token, counters)
+    seg = str(segment) if segment else None
+    return StageResult(f"generate round {round_no}", cell, stage_key, seg, len(rows), run_token, counters)
 
 
 @task(name="generate-round", cache_key_fn=lambda ctx, params: params["stage_key"], persist_result=True)

@@ -9,6 +9,7 @@ import pandas as pd
 from prefect import task
 
 from ragledger import progress
+from ragledger.crash import crashpoint
 from tasks.context import StageResult, read_questions, retriever_for, spec_from, store_from
 from tasks.retrievers import Hit, Query, Retriever
 from tracking.events import event_id, new_events
@@ -35,7 +36,9 @@ def retrieval_rows(experiment: str, retriever: Retriever, stage_key: str, result
     return rows
 
 
-def run_retrieve(spec_dict: dict, store_root: str, questions_segment: str, retriever_name: str, qids: list[str], stage_key: str, run_token: str) -> StageResult:
+def run_retrieve(
+    spec_dict: dict, store_root: str, questions_segment: str, retriever_name: str, qids: list[str], stage_key: str, run_token: str
+) -> StageResult:
     spec = spec_from(spec_dict)
     store = store_from(store_root)
     questions = read_questions(store, questions_segment, qids)
@@ -43,13 +46,16 @@ def run_retrieve(spec_dict: dict, store_root: str, questions_segment: str, retri
     queries = [Query(r.qid, r.question) for r in questions.itertuples()]
     results = retriever.retrieve(queries)
     rows = retrieval_rows(spec.name, retriever, stage_key, results)
+    crashpoint("retrieve.done")
     segment = store.write("retrievals", new_events("retrievals", spec.name, rows)) if rows else None
     progress.advance("retrieve", len(qids))
     return StageResult("retrieve", retriever_name, stage_key, str(segment) if segment else None, len(rows), run_token, {})
 
 
 @task(name="retrieve", cache_key_fn=lambda ctx, params: params["stage_key"], persist_result=True)
-def retrieve_task(spec_dict: dict, store_root: str, questions_segment: str, retriever_name: str, qids: list[str], stage_key: str, run_token: str) -> StageResult:
+def retrieve_task(
+    spec_dict: dict, store_root: str, questions_segment: str, retriever_name: str, qids: list[str], stage_key: str, run_token: str
+) -> StageResult:
     return run_retrieve(spec_dict, store_root, questions_segment, retriever_name, qids, stage_key, run_token)
 
 

@@ -60,4 +60,7 @@ def vote_task(
     stage_key: str,
     run_token: str,
 ) -> StageResult:
-    return run_vote(spec_dict, store_root, questions_segment, retriever_name, strategy, qids, retrieval_segments, generation_segments, stage_key, run_token)
+    return run_vote(
+        spec_dict, store_root, questions_segment, retriever_name, strategy, qids,
+        retrieval_segments, generation_segments, stage_key, run_token,
+    )  # fmt: skip

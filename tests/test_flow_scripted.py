@@ -103,7 +103,8 @@ runs = mlflow.search_runs(experiment_names=['scripted'], output_format='list')
 client = MlflowClient()
 out = []
 for r in runs:
-    arts = [a.path for a in client.list_artifacts(r.info.run_id, 'records')] if r.data.tags.get('ragledger.level') == 'cell' else []
+    is_cell = r.data.tags.get('ragledger.level') == 'cell'
+    arts = [a.path for a in client.list_artifacts(r.info.run_id, 'records')] if is_cell else []
     out.append(dict(name=r.info.run_name, level=r.data.tags.get('ragledger.level'), parent=r.data.tags.get('mlflow.parentRunId'),
                     metrics=r.data.metrics, artifacts=arts))
 print(json.dumps(out))

@@ -38,7 +38,7 @@ def smoke_run(tmp_path_factory, ):
 
 
 def test_real_run_prints_results_and_rerun_makes_no_model_call(smoke_run):
-    cwd, first, second, s1, s2 = smoke_run
+    _, first, second, s1, s2 = smoke_run
     print(first.stdout)
     assert "EM" in first.stdout and "%NM" in first.stdout and "Recall@k" in first.stdout
     assert s1["llm_calls"] > 0 and s1["questions"] == 6
@@ -58,7 +58,8 @@ from mlflow import MlflowClient
 mlflow.set_tracking_uri({s1['tracking_uri']!r})
 client = MlflowClient()
 parent = client.get_run({s1['mlflow_parent_run_id']!r})
-children = mlflow.search_runs(experiment_names=['smoke'], filter_string="tags.mlflow.parentRunId = '{s1['mlflow_parent_run_id']}'",
+children = mlflow.search_runs(experiment_names=['smoke'],
+                              filter_string="tags.mlflow.parentRunId = '{s1['mlflow_parent_run_id']}'",
                               output_format='list')
 out = dict(parent_metrics=parent.data.metrics, spec=[a.path for a in client.list_artifacts(parent.info.run_id)],
            children={{c.info.run_name: dict(metrics=c.data.metrics, params=c.data.params,

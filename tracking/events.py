@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ragledger.crash import crashpoint
 from schemas.records import RECORD_MODELS, SCHEMA_VERSION, columns_of, validate_records
 
 CHECKSUM_KEY = b"ragledger.checksum"
@@ -69,6 +71,16 @@ def _parquet_roundtrip_checksum(table: pa.Table) -> str:
     return _table_checksum(pq.read_table(pa.BufferReader(buf.getvalue())))
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 @dataclass(frozen=True)
 class VerifyProblem:
     path: Path
@@ -104,12 +116,14 @@ class EventStore:
         table = table.replace_schema_metadata(
             {**(table.schema.metadata or {}), CHECKSUM_KEY: _parquet_roundtrip_checksum(table).encode(), KIND_KEY: kind.encode()}
         )
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".parquet", dir=target.parent)
+        # the writer's pid in the temp name lets a later run tell an abandoned temp file from a live one
+        fd, tmp = tempfile.mkstemp(prefix=f".tmp-{os.getpid()}-", suffix=".parquet", dir=target.parent)
         try:
             with os.fdopen(fd, "wb") as fh:
                 pq.write_table(table, fh, compression="zstd")
                 fh.flush()
                 os.fsync(fh.fileno())
+            crashpoint("events.before_rename")
             os.replace(tmp, target)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
@@ -120,6 +134,18 @@ class EventStore:
         finally:
             os.close(dir_fd)
         return target
+
+    def remove_abandoned_temp_files(self) -> int:
+        """Delete temp files left by writers that were killed (their pid is gone); never a live writer's."""
+        removed = 0
+        if not self.root.exists():
+            return 0
+        for tmp in self.root.rglob(".tmp-*"):
+            m = re.match(r"\.tmp-(\d+)-", tmp.name)
+            if m and not _pid_alive(int(m.group(1))):
+                tmp.unlink(missing_ok=True)
+                removed += 1
+        return removed
 
     def segments(self, kind: str, experiment: str | None = None) -> list[Path]:
         base = self.root / kind

@@ -7,6 +7,7 @@ record segments are artifacts under `records/<kind>/`.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from ragledger.crash import crashpoint
 
 SECRET_PATTERN = re.compile(r"(?i)(api[_-]?key|password|secret|token)")
 
@@ -33,7 +36,17 @@ def resolve_tracking_uri(spec_uri: str | None) -> str:
 def redact_url(url: str | None) -> str | None:
     if url is None:
         return None
+    # scheme://user:password@host -> scheme://***@host
     return re.sub(r"//[^/@]+@", "//***@", url)
+
+
+def safe_spec(spec_dict: dict) -> dict:
+    """The spec as it may be shown anywhere (MLflow, manifests): URL credentials redacted."""
+    safe = json.loads(json.dumps(spec_dict))
+    safe.get("model", {})["base_url"] = redact_url(safe.get("model", {}).get("base_url"))
+    if safe.get("tracking", {}).get("mlflow_uri"):
+        safe["tracking"]["mlflow_uri"] = redact_url(safe["tracking"]["mlflow_uri"])
+    return safe
 
 
 def flatten(prefix: str, value: Any, out: dict[str, str]) -> None:
@@ -76,8 +89,26 @@ class MlflowLogger:
         else:
             self.experiment_id = exp.experiment_id
 
+    def close_abandoned_runs(self) -> int:
+        """Runs left RUNNING by a killed process on this host are marked KILLED (their pid is gone)."""
+        import socket
+
+        from tracking.events import _pid_alive
+
+        closed = 0
+        host = socket.gethostname()
+        for run in self.client.search_runs([self.experiment_id], filter_string="attributes.status = 'RUNNING'", max_results=1000):
+            tags = run.data.tags
+            pid = tags.get("ragledger.pid", "")
+            if tags.get("ragledger.host") == host and pid.isdigit() and not _pid_alive(int(pid)):
+                self.client.set_terminated(run.info.run_id, "KILLED")
+                closed += 1
+        return closed
+
     def start_run(self, name: str, tags: dict[str, str], parent_run_id: str | None = None) -> str:
-        tags = dict(tags)
+        import socket
+
+        tags = {**tags, "ragledger.pid": str(os.getpid()), "ragledger.host": socket.gethostname()}
         if parent_run_id:
             tags["mlflow.parentRunId"] = parent_run_id
         run = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
@@ -97,6 +128,7 @@ class MlflowLogger:
     def log_artifacts(self, run_id: str, files: list[str | Path], artifact_path: str) -> None:
         for f in files:
             if f and Path(f).exists():
+                crashpoint("mlflow.log")
                 self.client.log_artifact(run_id, str(f), artifact_path)
 
     def log_text(self, run_id: str, text: str, artifact_file: str) -> None:

@@ -11,7 +11,8 @@ FIG7_VERSION = "001-fig7-v2"
 # context and question. Everything before the context is fixed, so it goes in the system message
 # (the small embedded models copy the examples' answers far less, and abstain far more reliably,
 # when examples and instruction are there rather than in the user turn; see README).
-FIG7_SYSTEM = """Given the relevant background contexts, answer the current question using one of the context in short factoid phrase manner.
+FIG7_SYSTEM = """Given the relevant background contexts, answer the current question using one of the context \
+in short factoid phrase manner.
 
 Question: Who produced the album that included a re-recording of "Lithium"?
 Answer: Butch Vig

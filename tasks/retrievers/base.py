@@ -43,7 +43,8 @@ class Corpus:
 
     def lookup(self) -> dict[str, tuple[str, str]]:
         if not hasattr(self, "_lookup"):
-            self._lookup = dict(zip(self.passages["pid"], zip(self.passages["title"], self.passages["text"], strict=True), strict=True))
+            pairs = zip(self.passages["title"], self.passages["text"], strict=True)
+            self._lookup = dict(zip(self.passages["pid"], pairs, strict=True))
         return self._lookup
 
     def hit(self, pid: str, score: float | None) -> Hit:

@@ -112,7 +112,8 @@ class ScriptedServer:
             "logprobs": ({"content": [{"token": t, "logprob": self.logprob, "bytes": None, "top_logprobs": []}
                                       for t in text.split()]} if body.get("logprobs") and self.logprob is not None else None),
         }]  # fmt: skip
-        payload = {"id": "chatcmpl-scripted", "object": "chat.completion", "created": int(time.time()), "model": body.get("model"),
+        payload = {"id": "chatcmpl-scripted", "object": "chat.completion", "created": int(time.time()),
+                   "model": body.get("model"),
                    "choices": choices, "usage": {"prompt_tokens": len(prompt.split()), "completion_tokens": len(text.split()),
                                                  "total_tokens": len(prompt.split()) + len(text.split())}}
         return Response(json.dumps(payload), media_type="application/json")

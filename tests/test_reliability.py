@@ -1,0 +1,255 @@
+"""Reliability: bad input, crash and resume, a backend that is down, concurrent experiments, store
+integrity, secrets. Experiments run through the CLI as separate processes against a scripted
+OpenAI-compatible server (the test tool standing in for vLLM/OpenAI)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.fakes.openai_server import ScriptedServer
+
+RAGLEDGER = str(Path(sys.executable).parent / "ragledger")
+TOPICS = ["Broncos", "Paris", "Everest", "Nile", "Amazon", "Sahara", "Danube", "Andes", "Alps", "Gobi"]
+
+
+def make_data(ws: Path, n_questions: int = 24) -> None:
+    passages = [{"id": f"p{i}", "title": t, "text": f"{t} is item number {i}. The {t} entry mentions fact {i}."}
+                for i, t in enumerate(TOPICS)]
+    (ws / "corpus.jsonl").write_text("".join(json.dumps(p) + "\n" for p in passages))
+    qs = [{"id": f"q{i}", "question": f"Which entry mentions fact {i % len(TOPICS)} about {TOPICS[i % len(TOPICS)]}?",
+           "answers": [TOPICS[i % len(TOPICS)]]} for i in range(n_questions)]
+    (ws / "questions.jsonl").write_text("".join(json.dumps(q) + "\n" for q in qs))
+
+
+def reader(system: str, prompt: str, body: dict) -> str:
+    context = prompt.split("Question:")[0]
+    return next((t for t in TOPICS if t in context), "unknown")
+
+
+def write_spec(ws: Path, base_url: str, name: str = "rel", **model) -> Path:
+    spec = {
+        "name": name,
+        "dataset": {"name": "jsonl", "path": str(ws / "questions.jsonl")},
+        "corpus": {"name": "jsonl", "paths": [str(ws / "corpus.jsonl")]},
+        "retrievers": ["bm25@2"],
+        "readers": ["concatenation", "post_fusion"],
+        "model": {"backend": "openai", "name": "scripted", "base_url": base_url, "concurrency": 2, **model},
+        "execution": {"shard_size": 4},
+    }
+    path = ws / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def cli(ws: Path, *args: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    base["RAGLEDGER_INDEX_DIR"] = str(ws / "indexes")
+    return subprocess.run([RAGLEDGER, *args], cwd=ws, env={**base, **(env or {})}, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def outcome_table(ws: Path) -> list[tuple]:
+    from tracking.query import query
+
+    df = query(ws / ".ragledger" / "store", "SELECT cell, qid, prediction, em, f1, error_type FROM outcomes ORDER BY cell, qid")
+    return [tuple(r) for r in df.itertuples(index=False)]
+
+
+def raw_event_counts(ws: Path) -> dict[str, tuple[int, int]]:
+    """(rows over all segments, distinct event ids) per kind, read without the views' dedup."""
+    import duckdb
+
+    out = {}
+    for kind in ("questions", "retrievals", "generations", "votes", "outcomes"):
+        files = list((ws / ".ragledger" / "store" / kind).glob("*/seg-*.parquet"))
+        if files:
+            sql = f"SELECT count(*), count(DISTINCT event_id) FROM read_parquet({[str(f) for f in files]})"
+            n, d = duckdb.sql(sql).fetchone()
+            out[kind] = (n, d)
+    return out
+
+
+# ---- bad input -------------------------------------------------------------------------------------
+
+BAD_INPUTS = {
+    "malformed YAML": ("spec", "name: [oops\n", "malformed YAML"),
+    "unknown field": ("spec_patch", {"colour": 1}, "field 'colour': unknown field"),
+    "unknown retriever": ("spec_patch", {"retrievers": ["bm99@3"]}, "unknown retriever 'bm99'"),
+    "unknown strategy": ("spec_patch", {"readers": ["telepathy"]}, "unknown reader strategy 'telepathy'"),
+    "k <= 0": ("spec_patch", {"retrievers": ["bm25@0"]}, "k must be a positive integer"),
+    "wrong type": ("spec_patch", {"model": {"backend": "openai", "base_url": "http://x/v1", "temperature": "hot"}},
+                   "field 'model.temperature'"),
+    "missing dataset file": ("spec_patch", {"dataset": {"name": "jsonl", "path": "/nonexistent/q.jsonl"}},
+                             "/nonexistent/q.jsonl: file not found"),
+    "empty question": ("questions", [{"question": " ", "answers": ["a"]}], "row 1: field 'question' is empty"),
+    "row without answers": ("questions", [{"question": "q?", "answers": ["a"]}, {"question": "r?"}],
+                            "row 2: field 'answers' has no answers"),
+    "duplicate ids": ("questions", [{"id": "a", "question": "q?", "answers": ["x"]},
+                                    {"id": "a", "question": "r?", "answers": ["y"]}],
+                      "row 2: field 'id': duplicate id 'a'"),
+    "non-UTF-8 bytes": ("questions_bytes", b'{"question": "caf\xe9?", "answers": ["x"]}\n', "not valid UTF-8"),
+    "missing corpus": ("spec_patch", {"corpus": {"name": "jsonl", "paths": ["/nonexistent/corpus.jsonl"]}},
+                       "corpus.paths: /nonexistent/corpus.jsonl: file not found"),
+    "missing API key variable": ("spec_patch", {"model": {"backend": "openai", "base_url": "http://x/v1",
+                                                          "api_key_env": "RAGLEDGER_TEST_NO_SUCH_KEY"}},
+                                 "RAGLEDGER_TEST_NO_SUCH_KEY"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_input_is_one_clear_error_and_writes_nothing(tmp_path, case):
+    kind, payload, needle = BAD_INPUTS[case]
+    make_data(tmp_path, 4)
+    spec_path = write_spec(tmp_path, "http://127.0.0.1:9/v1")
+    if kind == "spec":
+        spec_path.write_text(payload)
+    elif kind == "spec_patch":
+        spec = yaml.safe_load(spec_path.read_text())
+        spec.update(payload)
+        spec_path.write_text(yaml.safe_dump(spec))
+    elif kind == "questions":
+        (tmp_path / "questions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in payload))
+    elif kind == "questions_bytes":
+        (tmp_path / "questions.jsonl").write_bytes(payload)
+    proc = cli(tmp_path, "run", str(spec_path))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    error_lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert len(error_lines) == 1 and needle in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / ".ragledger").exists()  # nothing written: no store, no MLflow, no Prefect home
+    print(f"{case}: {error_lines[0]}")
+
+
+# ---- crash and resume ------------------------------------------------------------------------------
+
+CRASH_POINTS = ["retrieve.done:1", "generate.call:7", "events.before_rename:5", "generate.call:31", "mlflow.log:3"]
+
+
+@pytest.mark.slow
+def test_kill_9_at_five_points_then_resume_gives_the_uninterrupted_result(tmp_path):
+    clean_ws, crash_ws = tmp_path / "clean", tmp_path / "crash"
+    for ws in (clean_ws, crash_ws):
+        ws.mkdir()
+        make_data(ws)
+    with ScriptedServer(answer=reader, delay_s=0.02) as clean_server:
+        proc = cli(clean_ws, "run", str(write_spec(clean_ws, clean_server.base_url)))
+        assert proc.returncode == 0, proc.stderr
+    expected = outcome_table(clean_ws)
+    assert len(expected) == 2 * 24
+
+    with ScriptedServer(answer=reader, delay_s=0.02) as server:
+        spec = write_spec(crash_ws, server.base_url)
+        killed = 0
+        for point in CRASH_POINTS:
+            proc = cli(crash_ws, "run", str(spec), env={"RAGLEDGER_CRASH_AT": point})
+            assert proc.returncode == -9, f"{point}: expected SIGKILL, got {proc.returncode}\n{proc.stderr[-2000:]}"
+            killed += 1
+        final = cli(crash_ws, "run", str(spec))
+        assert final.returncode == 0, final.stderr
+        assert outcome_table(crash_ws) == expected
+        for kind, (rows, distinct) in raw_event_counts(crash_ws).items():
+            assert rows == distinct, f"{kind}: {rows - distinct} duplicate events"
+        # a completed call (answered and cached) is never asked again; only calls in flight at a kill may repeat
+        keys = [json.dumps(r["messages"]) + str(r.get("seed")) for r in server.requests]
+        repeated = len(keys) - len(set(keys))
+        assert repeated <= killed * 2, repeated  # concurrency 2
+        assert len(set(keys)) == clean_server.calls
+        verify = cli(crash_ws, "store", "verify")
+        assert verify.returncode == 0, verify.stdout + verify.stderr
+        print(f"kills survived: {killed}; calls {len(keys)} (unique {len(set(keys))}, repeated in-flight {repeated})")
+
+
+# ---- backend down, concurrency, integrity, secrets ---------------------------------------------------
+
+def test_backend_down_is_a_clear_error_and_resumable(tmp_path):
+    make_data(tmp_path, 8)
+    spec = write_spec(tmp_path, "http://127.0.0.1:9/v1", max_retries=2, timeout_s=2)
+    t = time.perf_counter()
+    proc = cli(tmp_path, "run", str(spec))
+    elapsed = time.perf_counter() - t
+    assert proc.returncode == 2 and "gave up after 3 attempts" in proc.stderr and "APIConnectionError" in proc.stderr
+    assert elapsed < 120
+    # progress kept: the retrieval segments are stored, and the next run (backend up) resumes from them
+    assert list((tmp_path / ".ragledger" / "store" / "retrievals").glob("*/seg-*.parquet"))
+    with ScriptedServer(answer=reader) as server:
+        data = yaml.safe_load(spec.read_text())
+        data["model"]["base_url"] = server.base_url
+        spec.write_text(yaml.safe_dump(data))
+        proc = cli(tmp_path, "run", str(spec))
+        assert proc.returncode == 0, proc.stderr
+    print(f"backend down: failed in {elapsed:.1f} s with: {proc.stderr.strip().splitlines()[-1] if proc.stderr else ''}")
+
+
+@pytest.mark.slow
+def test_four_experiments_at_once_on_one_store_and_mlflow(tmp_path):
+    make_data(tmp_path, 12)
+    with ScriptedServer(answer=reader, delay_s=0.01) as server:
+        specs = [write_spec(tmp_path, server.base_url, name=f"exp{i}") for i in range(4)]
+        base = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+        base["RAGLEDGER_INDEX_DIR"] = str(tmp_path / "indexes")
+        procs = [subprocess.Popen([RAGLEDGER, "run", str(s)], cwd=tmp_path, env=base, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for s in specs]
+        outs = [p.communicate(timeout=900) for p in procs]
+        for p, (_, err) in zip(procs, outs, strict=True):
+            assert p.returncode == 0, err[-3000:]
+        # the four share one LLM-call cache: identical prompts were asked once across all of them
+        keys = [json.dumps(r["messages"]) for r in server.requests]
+        assert len(keys) - len(set(keys)) <= 4 * 2
+    for kind, (rows, distinct) in raw_event_counts(tmp_path).items():
+        assert rows == distinct, kind
+    from tracking.query import query
+
+    per_exp = query(tmp_path / ".ragledger" / "store", "SELECT experiment, count(*) AS n FROM outcomes GROUP BY experiment")
+    assert sorted(per_exp["n"]) == [24, 24, 24, 24]
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / '.ragledger' / 'mlflow.db'}")
+    runs = mlflow.search_runs(experiment_names=[f"exp{i}" for i in range(4)], output_format="list")
+    assert len([r for r in runs if r.data.tags.get("ragledger.level") == "experiment"]) == 4
+    assert all(r.info.status == "FINISHED" for r in runs)
+    assert cli(tmp_path, "store", "verify").returncode == 0
+
+
+def test_store_verify_names_a_damaged_segment(tmp_path):
+    make_data(tmp_path, 4)
+    with ScriptedServer(answer=reader) as server:
+        assert cli(tmp_path, "run", str(write_spec(tmp_path, server.base_url))).returncode == 0
+    seg = sorted((tmp_path / ".ragledger" / "store" / "outcomes").glob("*/seg-*.parquet"))[0]
+    seg.write_bytes(seg.read_bytes()[:-40])
+    proc = cli(tmp_path, "store", "verify")
+    assert proc.returncode == 1 and str(seg) in proc.stderr
+
+
+def test_secrets_appear_nowhere(tmp_path):
+    api_key = "sk-ragledger-test-" + "".join(random.choices("abcdef0123456789", k=24))
+    db_password = "pw-" + "".join(random.choices("abcdef0123456789", k=16))
+    make_data(tmp_path, 6)
+    seen_auth = []
+    with ScriptedServer(answer=lambda s, p, b: reader(s, p, b)) as server:
+        spec = write_spec(tmp_path, server.base_url, api_key_env="RAGLEDGER_TEST_API_KEY")
+        proc = cli(tmp_path, "run", str(spec), env={"RAGLEDGER_TEST_API_KEY": api_key, "PGPASSWORD": db_password,
+                                                    "MLFLOW_TRACKING_PASSWORD": db_password})
+        assert proc.returncode == 0, proc.stderr
+        seen_auth = server.requests
+    assert seen_auth  # the key went to the server (that is its purpose) ...
+    haystack = [proc.stdout, proc.stderr]
+    for path in (tmp_path / ".ragledger").rglob("*"):  # ... and nowhere else: store, MLflow db + artifacts, logs
+        if path.is_file():
+            haystack.append(path.read_bytes().decode("latin-1"))
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / '.ragledger' / 'mlflow.db'}")
+    for run in mlflow.search_runs(experiment_names=["rel"], output_format="list"):
+        haystack += [json.dumps(run.data.params), json.dumps(run.data.tags)]
+    for secret in (api_key, db_password):
+        assert not any(secret in h for h in haystack), "secret leaked"
+    print(f"scanned {len(haystack)} files/params/tags/log streams: no secret found")
