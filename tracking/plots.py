@@ -19,7 +19,7 @@ SHARE_COLORS = {
 }
 
 
-def _short(cell: str, width: int = 28) -> str:
+def _short(cell: str, width: int = 44) -> str:
     return cell if len(cell) <= width else cell[: width - 1] + "…"
 
 
