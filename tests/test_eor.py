@@ -1,0 +1,92 @@
+"""EoR (seed 002) over stored outcomes: the fitted voter finds the better retriever on synthetic data."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tracking import eor
+from tracking.events import EventStore, event_id, new_events
+
+
+def outcome_row(experiment, retriever, qid, prediction, gold, strategy="concatenation", model="m"):
+    cell = f"{retriever} · {strategy} · {model}"
+    right = prediction == gold
+    return {"event_id": event_id("outcomes", experiment, cell, qid), "cell": cell, "qid": qid, "retriever": retriever,
+            "strategy": strategy, "model": model, "prediction": prediction, "em": float(right), "f1": float(right),
+            "semantic_match": None, "is_unknown": prediction == "unknown", "gold_in_context": True,
+            "pool_has_correct": None, "error_type": "correct" if right else "extraction_error",
+            "tokens_in": 10, "tokens_out": 2, "llm_calls": 1}
+
+
+def synthetic_store(root, n=240, seed=1):
+    """`good` is right 90% of the time; `bad1` and `bad2` agree on the same wrong answer 70% of the time,
+    so an unweighted vote follows them and a fitted one must learn to trust `good`."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for k in range(n):
+        q, gold = f"q{k}", f"answer {k}"
+        rows.append(outcome_row("syn", "good", q, gold if rng.random() < 0.9 else f"wrong {k}", gold))
+        shared = rng.random() < 0.7
+        for b in ("bad1", "bad2"):
+            pred = f"shared wrong {k}" if shared else (gold if rng.random() < 0.5 else f"{b} wrong {k}")
+            rows.append(outcome_row("syn", b, q, pred, gold))
+    store = EventStore(root)
+    store.write("outcomes", new_events("outcomes", "syn", rows))
+    return store.read("outcomes", "syn")
+
+
+def test_split_is_deterministic_and_roughly_half():
+    flags = [eor.is_train(f"q{k}") for k in range(2000)]
+    assert flags == [eor.is_train(f"q{k}") for k in range(2000)]
+    assert 0.45 < np.mean(flags) < 0.55
+
+
+def test_unweighted_vote_follows_the_agreeing_bad_retrievers():
+    s = eor.similarity_tensor([["a", "b", "b"]], np.zeros((1, 3), dtype=bool), ("em", "f1"))
+    pick = eor.choose(s, np.zeros((1, 3), dtype=bool), np.array([0.3, 0.3]), np.array([0.3, 0.3, 0.3]), "mean")
+    assert pick[0] in (1, 2)
+    # β below 0.1 drops a retriever: neither candidate nor voter
+    pick = eor.choose(s, np.zeros((1, 3), dtype=bool), np.array([0.3, 0.3]), np.array([0.3, 0.05, 0.05]), "mean")
+    assert pick[0] == 0
+
+
+@pytest.mark.parametrize("pooling", eor.POOLINGS)
+def test_every_pooling_prefers_the_agreeing_answer(pooling):
+    s = eor.similarity_tensor([["paris", "Paris", "london"]], np.zeros((1, 3), dtype=bool), ("em", "f1"))
+    pick = eor.choose(s, np.zeros((1, 3), dtype=bool), np.array([0.5, 0.5]), np.full(3, 0.5), pooling)
+    assert pick[0] in (0, 1)
+
+
+def test_unknown_answers_do_not_vote_for_each_other():
+    unk = np.array([[True, True, False]])
+    s = eor.similarity_tensor([["unknown", "unknown", "Paris"]], unk, ("em",))
+    assert s[0, 0, 0, 1] == 0.0
+    assert eor.choose(s, unk, np.array([0.5]), np.full(3, 0.5), "mean")[0] == 2
+
+
+def test_fit_recovers_the_better_retriever(tmp_path):
+    outcomes = synthetic_store(tmp_path)
+    out, info = eor.eor_cells(tmp_path, "syn", outcomes, metrics=("em", "f1"))
+    (cell,) = info["cells"]
+    assert cell == "eor(bad1,bad2,good) · concatenation · m"
+    fit = info["fits"][cell]
+    beta = fit["beta"]
+    assert beta["good"] > beta["bad1"] and beta["good"] > beta["bad2"]
+    assert all(0 <= v <= eor.UPPER for v in [*beta.values(), *fit["w"].values()])
+    test = set(info["test_qids"])
+    assert set(out["qid"]) == test and not test & set(info["train_qids"])
+    good = outcomes[(outcomes["retriever"] == "good") & outcomes["qid"].isin(test)]["em"].mean()
+    bad = outcomes[(outcomes["retriever"] == "bad1") & outcomes["qid"].isin(test)]["em"].mean()
+    # held-out accuracy of EoR matches the good retriever's, far above the bad ones'
+    assert out["em"].mean() >= good - 0.02 and out["em"].mean() > bad + 0.3
+    # its answers were written to the store as a cell like any other
+    stored = EventStore(tmp_path).read("outcomes", "syn")
+    assert (stored["cell"] == cell).sum() == len(test)
+
+
+def test_cosine_metric_uses_the_bundled_embedding_model():
+    s = eor.similarity_tensor([["the Eiffel Tower", "Eiffel Tower in Paris", "a banana"]], np.zeros((1, 3), dtype=bool),
+                              ("cosine",))
+    assert s[0, 0, 0, 1] > s[0, 0, 0, 2]
+    assert s[0, 0, 0, 0] == pytest.approx(1.0, abs=1e-5)
