@@ -66,16 +66,37 @@ def correctness_matrix(outcomes: pd.DataFrame, metric: str = "em") -> tuple[np.n
     """Boolean cells × questions array over the questions every cell answered; returns (array, cells, qids).
 
     metric "em": EM = 1; "semantic": the stored semantic match (EM when it was not computed).
+    Cells and questions are sorted by name.
     """
     if metric not in CORRECTNESS:
         raise AnalysisError(f"correctness metric must be one of {CORRECTNESS}, got {metric!r}")
     if outcomes.empty:
         raise AnalysisError("no outcome records to analyse")
-    ok = _correct(outcomes, metric)
-    table = pd.DataFrame({"cell": outcomes["cell"].to_numpy(), "qid": outcomes["qid"].to_numpy(), "ok": ok})
-    wide = table.pivot_table(index="cell", columns="qid", values="ok", aggfunc="max")
-    wide = wide.dropna(axis=1)  # only questions every cell answered: RWR compares cells on the same questions
-    return wide.to_numpy(dtype=bool), [str(c) for c in wide.index], [str(q) for q in wide.columns]
+    return _wide(outcomes, _correct(outcomes, metric))
+
+
+def _wide(outcomes: pd.DataFrame, values: np.ndarray, cells: list[str] | None = None,
+          qids: list[str] | None = None) -> tuple[np.ndarray, list[str], list[str]]:
+    """Scatter per-row booleans into a cells × questions array (numpy, not pivot_table: this runs on
+    millions of rows). Without `qids`, keeps the questions every cell answered; a question answered
+    twice by a cell counts as right if either record is."""
+    ccode, cuniq = pd.factorize(outcomes["cell"].astype(str), sort=True)
+    qcode, quniq = pd.factorize(outcomes["qid"].astype(str), sort=True)
+    present = np.zeros((len(cuniq), len(quniq)), dtype=bool)
+    present[ccode, qcode] = True
+    arr = np.zeros_like(present)
+    if len(ccode) == int(present.sum()):  # each (cell, question) once: plain assignment
+        arr[ccode, qcode] = values
+    else:
+        np.logical_or.at(arr, (ccode, qcode), values)
+    cell_names, q_names = [str(c) for c in cuniq], [str(q) for q in quniq]
+    if cells is not None or qids is not None:
+        ci = [cell_names.index(c) for c in cells] if cells is not None else list(range(len(cell_names)))
+        qpos = {q: i for i, q in enumerate(q_names)}
+        qi = [qpos[q] for q in qids] if qids is not None else list(range(len(q_names)))
+        return arr[np.ix_(ci, qi)], cells or cell_names, qids or q_names
+    keep = present.all(axis=0)
+    return arr[:, keep], cell_names, [q for q, k in zip(q_names, keep, strict=True) if k]
 
 
 def _correct(outcomes: pd.DataFrame, metric: str) -> np.ndarray:
@@ -196,11 +217,12 @@ def accuracy_ci(values: np.ndarray, n_resamples: int = 1000, seed: int = 0, alph
 
 
 def per_error_indicators(decomposed: pd.DataFrame, cells: list[str], qids: list[str], error: str) -> np.ndarray:
-    """cells × questions boolean array of one indicator column (questions every cell answered)."""
+    """cells × questions boolean array of one indicator column, in the given cell and question order."""
     if error not in ERROR_INDICATORS:
         raise AnalysisError(f"error indicator must be one of {ERROR_INDICATORS}, got {error!r}")
-    wide = decomposed.pivot_table(index="cell", columns="qid", values=error, aggfunc="max")
-    return wide.reindex(index=cells, columns=qids).fillna(False).to_numpy(dtype=bool)
+    sub = decomposed[decomposed["qid"].isin(set(qids)) & decomposed["cell"].isin(set(cells))]
+    arr, _, _ = _wide(sub, sub[error].to_numpy(dtype=bool), cells, qids)
+    return arr
 
 
 def sort_by_accuracy(correct: np.ndarray, cells: list[str]) -> list[int]:
