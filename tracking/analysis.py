@@ -120,16 +120,16 @@ def decompose(outcomes_df: pd.DataFrame) -> pd.DataFrame:
     missing = need - set(outcomes_df.columns)
     if missing:
         raise AnalysisError(f"outcomes: missing column(s) {sorted(missing)}")
-    df = outcomes_df.copy()
+    df = outcomes_df.copy(deep=False)  # new columns only; the caller's frame is left as it is
     correct = df["em"].to_numpy(dtype=float) >= 1.0
     unknown = df["is_unknown"].to_numpy(dtype=bool)
     gic = df["gold_in_context"].to_numpy(dtype=bool)
-    stored = df["error_type"].astype(str).to_numpy()
+    stored_ee = df["error_type"].eq("extraction_error").to_numpy(dtype=bool)
     re_ = ~gic
     wrong = ~correct
     abstain = wrong & unknown
     # prediction-in-context is not a column of its own; evaluate.py recorded it as EE vs HE
-    ee = wrong & ~unknown & gic & (stored == "extraction_error")
+    ee = wrong & ~unknown & gic & stored_ee
     he = wrong & ~unknown & gic & ~ee
     df["correct"] = correct
     df["fail"] = wrong
@@ -140,12 +140,9 @@ def decompose(outcomes_df: pd.DataFrame) -> pd.DataFrame:
     df["HE"] = he
     df["abstain"] = abstain
     df["HE_literal"] = he | (abstain & gic)
-    et = np.select(
-        [correct & gic, correct & re_, abstain, df["RF"].to_numpy(), ee],
-        ["correct", "lucky_guess", "abstention", "retrieval_failure", "extraction_error"],
-        default="hallucination_error",
-    )
-    df["error_type"] = et
+    # codes into SHARE_CLASSES; a categorical keeps 1.6 M labels cheap
+    codes = np.select([correct & gic, correct & re_, df["RF"].to_numpy(), ee, he], [0, 1, 2, 3, 4], default=5).astype(np.int8)
+    df["error_type"] = pd.Categorical.from_codes(codes, categories=list(SHARE_CLASSES))
     return df
 
 
@@ -193,7 +190,7 @@ def error_shares(decomposed: pd.DataFrame, n_resamples: int = 1000, seed: int = 
     rows = []
     for k, (cell, grp) in enumerate(decomposed.groupby("cell", sort=True)):
         n = len(grp)
-        counts = grp["error_type"].value_counts().reindex(SHARE_CLASSES, fill_value=0).to_numpy()
+        counts = grp["error_type"].astype(str).value_counts().reindex(SHARE_CLASSES, fill_value=0).to_numpy()
         p = counts / n
         rng = np.random.default_rng([seed, k])
         draws = rng.multinomial(n, p, size=n_resamples) / n
