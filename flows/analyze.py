@@ -233,8 +233,10 @@ def run_analysis(store_root: str | Path, experiment: str, out_dir: str | Path | 
             eres = compute(sub, f"{experiment} (EoR, held-out)", metric, n_resamples, seed)
             res.eor_results[cell] = eres
             files += write_outputs(eres, base / f"eor{k + 1}", None, report=False)
-            if k == 0:
-                res.eor.update(_eor_summary(eres, cell, members))
+            summary = _eor_summary(eres, cell, members)
+            res.eor.setdefault("summaries", {})[cell] = summary
+            if k == 0:  # the first reader's EoR also at top level (MLflow metrics analysis.eor_*)
+                res.eor.update(summary)
         if res.eor:
             files += _write_eor(res.eor, base)
     files.append(_put_report(res, base, store_root))

@@ -315,15 +315,15 @@ def print_analysis(r: dict) -> None:
     if r.get("dropped_questions"):
         console.print(f"{r['dropped_questions']} question(s) not answered by every cell were left out")
     eor = r.get("eor") or {}
-    if "eor_cell" in eor:
-        fit = eor["fits"][eor["eor_cell"]]
-        console.print(f"EoR {escape(eor['eor_cell'])} on {eor['held_out_questions']} held-out questions: EM "
-                      f"{100 * eor['eor_em']:.1f}, F1 {100 * eor['eor_f1']:.1f}, MRLR {100 * eor['eor_mrlr']:.1f} vs best single "
-                      f"{escape(eor['best_single'])}: EM {100 * eor['best_single_em']:.1f}, "
-                      f"F1 {100 * eor['best_single_f1']:.1f}, "
-                      f"MRLR {100 * eor['best_single_mrlr']:.1f}; pooling {fit['pooling']}, "
+    for cell, sm in (eor.get("summaries") or {}).items():
+        fit = eor["fits"][cell]
+        console.print(f"EoR {escape(cell)} on {sm['held_out_questions']} held-out questions: EM "
+                      f"{100 * sm['eor_em']:.1f}, F1 {100 * sm['eor_f1']:.1f}, MRLR {100 * sm['eor_mrlr']:.1f} vs best single "
+                      f"{escape(sm['best_single'])}: EM {100 * sm['best_single_em']:.1f}, "
+                      f"F1 {100 * sm['best_single_f1']:.1f}, "
+                      f"MRLR {100 * sm['best_single_mrlr']:.1f}; pooling {fit['pooling']}, "
                       f"w {json.dumps({k: round(v, 3) for k, v in fit['w'].items()})}, "
-                      f"β {json.dumps({k: round(v, 3) for k, v in fit['beta'].items()})}")
+                      f"β {json.dumps({k: round(v, 3) for k, v in fit['beta'].items()})}, dropped {fit['dropped']}")
     for sk in eor.get("skipped", []):
         console.print(f"EoR not fitted for {escape(sk)}")
     where = f"MLflow parent run {r['parent_run_id']} ({r['tracking_uri']})" if r.get("parent_run_id") else "no MLflow run"

@@ -105,12 +105,12 @@ def _eor(res: AnalysisResult) -> str:
         return ""
     info = res.eor
     out = ["<h2>Ensemble of Retrievers (held-out questions)</h2>"]
-    if "eor_cell" in info:
-        out.append(f"<p>{_e(info['eor_cell'])}: EM {_pct(info['eor_em'])} %, F1 {_pct(info['eor_f1'])} %, MRLR "
-                   f"{_pct(info['eor_mrlr'])} % — best single retriever {_e(info['best_single'])}: EM "
-                   f"{_pct(info['best_single_em'])} %, F1 {_pct(info['best_single_f1'])} %, "
-                   f"MRLR {_pct(info['best_single_mrlr'])} % "
-                   f"on {info.get('held_out_questions')} held-out questions (split: {_e(info.get('split'))}).</p>")
+    for cell, sm in (info.get("summaries") or {}).items():
+        out.append(f"<p>{_e(cell)}: EM {_pct(sm['eor_em'])} %, F1 {_pct(sm['eor_f1'])} %, MRLR "
+                   f"{_pct(sm['eor_mrlr'])} % — best single retriever {_e(sm['best_single'])}: EM "
+                   f"{_pct(sm['best_single_em'])} %, F1 {_pct(sm['best_single_f1'])} %, "
+                   f"MRLR {_pct(sm['best_single_mrlr'])} % "
+                   f"on {sm['held_out_questions']} held-out questions (split: {_e(info.get('split'))}).</p>")
     for cell, fit in info.get("fits", {}).items():
         out.append(f"<p><b>{_e(cell)}</b>: pooling {_e(fit['pooling'])}, training accuracy {_pct(fit['train_accuracy'])} % "
                    f"on {fit['train']} questions; w = {_e({k: round(v, 3) for k, v in fit['w'].items()})}; "
