@@ -176,3 +176,15 @@ print(json.dumps({{"arts": [a.path for a in c.list_artifacts({parent!r}, "analys
     assert {"analysis/report.html", "analysis/rwr_heatmap.png", "analysis/inconsistency.parquet"} <= set(got["arts"])
     assert got["metrics"]["analysis.identity_max_abs_residual"] == 0.0
     assert got["metrics"]["analysis.questions"] == 4
+
+
+def test_analyze_command_runs_the_flow_and_prints_tables(store, prefect_harness):
+    root, segs = store
+    r = CliRunner().invoke(app, ["analyze", EXP, "--store", str(root), "--no-eor", "--no-mlflow"], env={"COLUMNS": "220"})
+    assert r.exit_code == 0, r.output
+    out = r.output
+    assert "tiny — 4 questions" in out and "MRLR" in out and "error shares" in out
+    assert "identity P(fail) = P(RE) − P(LG) + P(EE) + P(HE): holds" in out
+    assert (root / "analysis" / EXP / "report.html").exists()
+    r = CliRunner().invoke(app, ["analyze", "missing", "--store", str(root), "--no-mlflow"])
+    assert r.exit_code == 2 and "no outcome records" in r.output
