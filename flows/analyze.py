@@ -21,7 +21,7 @@ from prefect import flow
 
 from tracking import analysis as an
 from tracking.events import EventStore
-from tracking.stats import compare_cells
+from tracking.stats import compare_arrays
 
 ANALYSIS_VERSION = "analysis-1"
 PER_ERRORS = ("RE", "LG", "EE", "HE", "abstain")
@@ -124,8 +124,10 @@ def compute(outcomes: pd.DataFrame, experiment: str, metric: str = "em", n_resam
     identity = pd.DataFrame([vars(c) | {"holds": c.holds} for c in an.identity_checks(dec)])
     paired_rows = []
     if pairs:
-        for a, b in itertools.combinations(order, 2):
-            paired_rows.append(compare_cells(used, a, b, n_resamples, seed).as_dict())
+        em_wide, _, _ = an.cell_question_matrix(used, used["em"].to_numpy(dtype=float) >= 1.0, order, qids)  # EM is 0/1
+        for (i, a), (j, b) in itertools.combinations(enumerate(order), 2):
+            paired_rows.append(compare_arrays(a, b, em_wide[i].astype(float), em_wide[j].astype(float), n_resamples,
+                                              seed).as_dict())
     paired = pd.DataFrame(paired_rows)
     return AnalysisResult(experiment, len(qids), order, table, matrix, per_error, dec, shares, identity, paired,
                           dropped_questions=all_q - len(qids))

@@ -114,3 +114,19 @@ def test_compare_cells_flip_table_and_paired_ci():
     assert r.mcnemar_p == pytest.approx(2 * 79 / 4096)
     lo, hi = paired_bootstrap_ci(np.ones(5), np.ones(5))
     assert lo == hi == 0.0
+
+
+def test_binary_bootstraps_match_index_resampling():
+    """The multinomial/binomial shortcuts draw from the same distribution as resampling questions."""
+    from tracking.metrics import bootstrap_ci
+
+    rng = np.random.default_rng(5)
+    v = (rng.random(400) < 0.3).astype(float)
+    _, lo, hi = an.accuracy_ci(v, n_resamples=4000)
+    lo2, hi2 = bootstrap_ci(v, n_resamples=4000)
+    assert abs(lo - lo2) < 0.015 and abs(hi - hi2) < 0.015
+    a, b = (rng.random(400) < 0.5).astype(float), (rng.random(400) < 0.4).astype(float)
+    lo, hi = paired_bootstrap_ci(a, b, n_resamples=4000)
+    d = a - b
+    lo2, hi2 = bootstrap_ci(d + 0.5, n_resamples=4000)  # shifted off {-1,0,1}: the index-resampling path
+    assert abs(lo - (lo2 - 0.5)) < 0.02 and abs(hi - (hi2 - 0.5)) < 0.02

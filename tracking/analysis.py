@@ -72,10 +72,10 @@ def correctness_matrix(outcomes: pd.DataFrame, metric: str = "em") -> tuple[np.n
         raise AnalysisError(f"correctness metric must be one of {CORRECTNESS}, got {metric!r}")
     if outcomes.empty:
         raise AnalysisError("no outcome records to analyse")
-    return _wide(outcomes, _correct(outcomes, metric))
+    return cell_question_matrix(outcomes, _correct(outcomes, metric))
 
 
-def _wide(outcomes: pd.DataFrame, values: np.ndarray, cells: list[str] | None = None,
+def cell_question_matrix(outcomes: pd.DataFrame, values: np.ndarray, cells: list[str] | None = None,
           qids: list[str] | None = None) -> tuple[np.ndarray, list[str], list[str]]:
     """Scatter per-row booleans into a cells × questions array (numpy, not pivot_table: this runs on
     millions of rows). Without `qids`, keeps the questions every cell answered; a question answered
@@ -209,6 +209,11 @@ def accuracy_ci(values: np.ndarray, n_resamples: int = 1000, seed: int = 0, alph
     v = np.asarray(values, dtype=float)
     if len(v) == 0:
         return (0.0, 0.0, 0.0)
+    if np.isin(v, (0.0, 1.0)).all():
+        # 0/1 values: the resampled count of ones is exactly Binomial(n, mean), so draw that instead of
+        # an n_resamples × n index array (800 MB at 100,000 questions)
+        draws = np.random.default_rng(seed).binomial(len(v), v.mean(), size=n_resamples) / len(v)
+        return float(v.mean()), float(np.quantile(draws, alpha / 2)), float(np.quantile(draws, 1 - alpha / 2))
     lo, hi = bootstrap_ci(v, n_resamples=n_resamples, seed=seed, alpha=alpha)
     return float(v.mean()), lo, hi
 
@@ -218,7 +223,7 @@ def per_error_indicators(decomposed: pd.DataFrame, cells: list[str], qids: list[
     if error not in ERROR_INDICATORS:
         raise AnalysisError(f"error indicator must be one of {ERROR_INDICATORS}, got {error!r}")
     sub = decomposed[decomposed["qid"].isin(set(qids)) & decomposed["cell"].isin(set(cells))]
-    arr, _, _ = _wide(sub, sub[error].to_numpy(dtype=bool), cells, qids)
+    arr, _, _ = cell_question_matrix(sub, sub[error].to_numpy(dtype=bool), cells, qids)
     return arr
 
 

@@ -48,6 +48,12 @@ def paired_bootstrap_ci(a: np.ndarray, b: np.ndarray, n_resamples: int = 1000, s
     if len(d) == 0:
         return (0.0, 0.0)
     rng = np.random.default_rng(seed)
+    if np.isin(d, (-1.0, 0.0, 1.0)).all():
+        # paired 0/1 outcomes: resampled (won, lost, tied) counts are exactly Multinomial(n, shares)
+        n = len(d)
+        counts = rng.multinomial(n, [(d == 1).mean(), (d == -1).mean(), (d == 0).mean()], size=n_resamples)
+        means = (counts[:, 0] - counts[:, 1]) / n
+        return float(np.quantile(means, alpha / 2)), float(np.quantile(means, 1 - alpha / 2))
     means = np.empty(n_resamples)
     chunk = max(1, 2_000_000 // len(d))  # bound memory on large question sets
     for s in range(0, n_resamples, chunk):
@@ -66,12 +72,18 @@ def compare_cells(outcomes: pd.DataFrame, cell_a: str, cell_b: str, n_resamples:
     common = a.index.intersection(b.index)
     if len(common) == 0:
         raise AnalysisError(f"cells {cell_a!r} and {cell_b!r} share no question")
-    ea = a.loc[common].to_numpy(dtype=float)
-    eb = b.loc[common].to_numpy(dtype=float)
+    return compare_arrays(cell_a, cell_b, a.loc[common].to_numpy(dtype=float), b.loc[common].to_numpy(dtype=float),
+                          n_resamples, seed)
+
+
+def compare_arrays(cell_a: str, cell_b: str, ea: np.ndarray, eb: np.ndarray, n_resamples: int = 1000,
+                   seed: int = 0) -> PairedComparison:
+    """The paired comparison from two aligned EM arrays (same questions, same order)."""
+    ea, eb = np.asarray(ea, dtype=float), np.asarray(eb, dtype=float)
     ra, rb = ea >= 1.0, eb >= 1.0
     won, lost = int((ra & ~rb).sum()), int((~ra & rb).sum())
     lo, hi = paired_bootstrap_ci(ea, eb, n_resamples, seed)
-    return PairedComparison(cell_a, cell_b, len(common), won, lost, int((ra & rb).sum()), int((~ra & ~rb).sum()),
+    return PairedComparison(cell_a, cell_b, len(ea), won, lost, int((ra & rb).sum()), int((~ra & ~rb).sum()),
                             float(ea.mean()), float(eb.mean()), float(ea.mean() - eb.mean()), lo, hi,
                             mcnemar_exact(won, lost))
 

@@ -82,3 +82,19 @@ def test_bench_per_example_query(benchmark, big_store):
     mean, best = benchmark.stats.stats.mean, benchmark.stats.stats.min
     print(f"\nper-example query over {CELLS * QUESTIONS:,} rows (connect + views + query): mean {mean * 1000:.0f} ms, "
           f"min {best * 1000:.0f} ms (target ≤ 200 ms: mean at {mean / 0.2:.2f}× of it)")
+
+
+def test_bench_full_analysis_tables(benchmark, big_store):
+    """Every table of `ragledger analyze` (no plots, no EoR): RWR, per-error RWR, decomposition, identity,
+    error shares and accuracy CIs (1,000 bootstrap resamples), all 120 paired comparisons."""
+    from flows.analyze import compute
+
+    outcomes = EventStore(big_store).read("outcomes", EXP)
+    tracemalloc.start()
+    res = compute(outcomes, EXP)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert len(res.paired) == CELLS * (CELLS - 1) // 2 and res.identity["holds"].all()
+    benchmark.pedantic(compute, args=(outcomes, EXP), rounds=2, iterations=1)
+    mean = benchmark.stats.stats.mean
+    print(f"\nfull analysis tables over {CELLS}×{QUESTIONS:,}: mean {mean:.2f} s; traced peak {peak / 2**20:.0f} MiB")
