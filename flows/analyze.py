@@ -20,7 +20,7 @@ import pandas as pd
 from prefect import flow
 
 from tracking import analysis as an
-from tracking.events import EventStore
+from tracking.executions import latest_execution, load_outcomes, manifests  # noqa: F401  (re-exported)
 from tracking.stats import compare_arrays
 
 ANALYSIS_VERSION = "analysis-1"
@@ -46,43 +46,6 @@ class AnalysisResult:
     parent_run_id: str | None = None
     tracking_uri: str | None = None
     dropped_questions: int = 0
-
-
-def manifests(store_root: str | Path, experiment: str) -> list[Path]:
-    """Run manifests of an experiment, oldest first (names start with a UTC timestamp; mtime breaks ties)."""
-    d = Path(store_root) / "runs" / experiment
-    files = list(d.glob("*.json")) if d.is_dir() else []
-    return sorted(files, key=lambda p: (p.name[:15], p.stat().st_mtime, p.name))
-
-
-def latest_execution(store_root: str | Path, experiment: str) -> dict | None:
-    files = manifests(store_root, experiment)
-    if not files:
-        return None
-    try:
-        return {**json.loads(files[-1].read_text()), "manifest_path": str(files[-1])}
-    except (OSError, json.JSONDecodeError) as exc:
-        raise an.AnalysisError(f"{files[-1]}: unreadable run manifest: {exc}") from None
-
-
-def load_outcomes(store_root: str | Path, experiment: str, execution: dict | None = None) -> pd.DataFrame:
-    """Outcomes of the execution's segments (the latest execution's, if it has a manifest), else every
-    outcome of the experiment. Restricting to one execution keeps an earlier run with another question
-    sample or prompt version from being mixed into the analysis."""
-    store = EventStore(store_root)
-    if execution is not None:
-        paths = sorted({p for segs in execution.get("segments", {}).values() for p in segs.get("outcomes", [])})
-        existing = [Path(p) for p in paths if Path(p).exists()]
-        if paths and len(existing) < len(paths):
-            missing = next(p for p in paths if not Path(p).exists())
-            raise an.AnalysisError(f"{execution.get('manifest_path')}: outcome segment {missing} is missing from the store")
-        if existing:
-            return store.read("outcomes", paths=existing)
-    df = store.read("outcomes", experiment)
-    if df.empty:
-        where = Path(store_root) / "outcomes" / experiment
-        raise an.AnalysisError(f"experiment {experiment!r}: no outcome records under {where}")
-    return df
 
 
 def _mlflow_key(s: str) -> str:

@@ -95,8 +95,8 @@ def experiment_outcomes(store: str, experiment: str):
     """The latest execution's outcomes plus the experiment's stored EoR cells (each (cell, qid) once)."""
     import pandas as pd
 
-    from flows.analyze import latest_execution, load_outcomes
     from tracking.events import EventStore
+    from tracking.executions import latest_execution, load_outcomes
 
     df = load_outcomes(store, experiment, latest_execution(store, experiment))
     every = EventStore(store).read("outcomes", experiment)

@@ -46,8 +46,8 @@ def _records(store: EventStore, kind: str, experiment: str, qid: str, paths: lis
 
 def render_trace(console: Console, store_root: str, experiment: str, qid: str, cell: str | None = None,
                  max_chars: int = 0) -> None:
-    from flows.analyze import latest_execution
     from ragledger.cli_analysis import experiment_outcomes, resolve_cell
+    from tracking.executions import latest_execution
 
     store = EventStore(store_root)
     questions = store.read("questions", experiment)

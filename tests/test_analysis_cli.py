@@ -179,7 +179,7 @@ print(json.dumps({{"arts": [a.path for a in c.list_artifacts({parent!r}, "analys
 
 
 def test_analyze_command_runs_the_flow_and_prints_tables(store, prefect_harness):
-    root, segs = store
+    root, _ = store
     r = CliRunner().invoke(app, ["analyze", EXP, "--store", str(root), "--no-eor", "--no-mlflow"], env={"COLUMNS": "220"})
     assert r.exit_code == 0, r.output
     out = r.output
