@@ -171,7 +171,8 @@ def log_to_parent(res: AnalysisResult, files: list[Path], execution: dict, base:
 
 
 def run_analysis(store_root: str | Path, experiment: str, out_dir: str | Path | None = None, metric: str = "em",
-                 eor: bool = True, log_mlflow: bool = True, n_resamples: int = 1000, seed: int = 0) -> AnalysisResult:
+                 eor: bool = True, log_mlflow: bool = True, n_resamples: int = 1000, seed: int = 0,
+                 eor_train: str | None = None) -> AnalysisResult:
     """Analyse the latest execution of `experiment` and write (and log) the results.
 
     The main analysis covers the execution's cells on every question they share. EoR (fitted on the
@@ -187,7 +188,9 @@ def run_analysis(store_root: str | Path, experiment: str, out_dir: str | Path | 
     if eor:
         from tracking.eor import eor_cells
 
-        eor_outcomes, info = eor_cells(store_root, experiment, outcomes, seed=seed)
+        train = None if eor_train is None else load_outcomes(store_root, eor_train, latest_execution(store_root, eor_train))
+        eor_outcomes, info = eor_cells(store_root, experiment, outcomes, seed=seed, train_outcomes=train,
+                                       train_experiment=eor_train)
         if info:
             res.eor = dict(info)
         for k, cell in enumerate(info.get("cells", [])):
@@ -236,8 +239,8 @@ def _eor_summary(eres: AnalysisResult, cell: str, members: list[str]) -> dict[st
 
 @flow(name="ragledger-analyze", version=ANALYSIS_VERSION)
 def analyze_flow(store_root: str, experiment: str, out_dir: str | None = None, metric: str = "em", eor: bool = True,
-                 log_mlflow: bool = True) -> dict[str, Any]:
-    res = run_analysis(store_root, experiment, out_dir, metric, eor, log_mlflow)
+                 log_mlflow: bool = True, eor_train: str | None = None) -> dict[str, Any]:
+    res = run_analysis(store_root, experiment, out_dir, metric, eor, log_mlflow, eor_train=eor_train)
     return {"experiment": experiment, "questions": res.questions, "cells": res.cells,
             "files": [str(f) for f in res.files], "parent_run_id": res.parent_run_id, "tracking_uri": res.tracking_uri,
             "dropped_questions": res.dropped_questions,

@@ -252,6 +252,8 @@ def register(app: typer.Typer) -> None:
         out: Annotated[Path | None, typer.Option(help="also keep the files here (default <store>/analysis/<experiment>)")] = None,
         eor: Annotated[bool, typer.Option(help="fit and evaluate EoR (seed 002) over the retriever-cells")] = True,
         mlflow: Annotated[bool, typer.Option(help="log to the MLflow parent run of the latest execution")] = True,
+        eor_train: Annotated[str | None, typer.Option(help="fit EoR on this experiment's outcomes (default: a hashed-qid "
+                                                           "split of this experiment's questions)")] = None,
     ) -> None:
         """Run the analysis flow: RWR/MRLR, error decomposition, statistics, EoR; plots + tables + report to MLflow."""
         from ragledger.prefect_env import configure_prefect_home
@@ -263,7 +265,7 @@ def register(app: typer.Typer) -> None:
         if not Path(store).is_dir():
             _fail(f"--store {store}: no such directory")
         try:
-            r = analyze_flow(store, experiment, str(out) if out else None, "em", eor, mlflow)
+            r = analyze_flow(store, experiment, str(out) if out else None, "em", eor, mlflow, eor_train)
         except AnalysisError as exc:
             _fail(str(exc))
         print_analysis(r)

@@ -90,3 +90,14 @@ def test_cosine_metric_uses_the_bundled_embedding_model():
                               ("cosine",))
     assert s[0, 0, 0, 1] > s[0, 0, 0, 2]
     assert s[0, 0, 0, 0] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_fit_on_a_separate_training_experiment(tmp_path):
+    outcomes = synthetic_store(tmp_path, n=120, seed=1)  # experiment "syn"
+    train = synthetic_store(tmp_path / "train", n=120, seed=2)
+    out, info = eor.eor_cells(tmp_path, "syn", outcomes, metrics=("em", "f1"), train_outcomes=train, train_experiment="syn-train")
+    (cell,) = info["cells"]
+    assert info["split"] == "trained on experiment syn-train"
+    assert info["fits"][cell]["train"] == 120 and len(out) == 120  # evaluated on every question of "syn"
+    good = outcomes[outcomes["retriever"] == "good"]["em"].mean()
+    assert out["em"].mean() >= good - 0.02

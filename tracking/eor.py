@@ -147,42 +147,65 @@ def fit(s: np.ndarray, unknown: np.ndarray, correct: np.ndarray, metrics: tuple[
 
 
 def eor_cells(store_root: str | Path, experiment: str, outcomes: pd.DataFrame, seed: int = 0,
-              metrics: tuple[str, ...] = METRICS, train_share: float = TRAIN_SHARE) -> tuple[pd.DataFrame, dict[str, Any]]:
+              metrics: tuple[str, ...] = METRICS, train_share: float = TRAIN_SHARE,
+              train_outcomes: pd.DataFrame | None = None, train_experiment: str | None = None,
+              ) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Fit one EoR per (reader, model) over its retriever-cells, write its held-out answers as
-    OutcomeRecords (retriever `eor(r1,r2,...)`), and return (those outcomes, fit info)."""
+    OutcomeRecords (retriever `eor(r1,r2,...)`), and return (those outcomes, fit info).
+
+    With `train_outcomes` (another experiment's outcomes, cells matched by retriever, reader and
+    model) the voter is fitted on all of those and evaluated on every question of this experiment;
+    otherwise this experiment's questions are split by hashed id."""
     base = outcomes[~outcomes["retriever"].astype(str).str.startswith("eor(")]
+    tbase = None if train_outcomes is None else train_outcomes[~train_outcomes["retriever"].astype(str).str.startswith("eor(")]
     rows_all: list[pd.DataFrame] = []
+    split = f"sha256(qid) < {train_share} → train" if tbase is None else f"trained on experiment {train_experiment}"
     info: dict[str, Any] = {"cells": [], "members": {}, "fits": {}, "weights_table": [], "test_qids": [], "train_qids": [],
-                            "version": EOR_VERSION, "split": f"sha256(qid) < {train_share} → train"}
+                            "version": EOR_VERSION, "split": split}
     for (strategy, model), grp in base.groupby(["strategy", "model"], sort=True):
-        members = sorted(grp["cell"].unique())
-        if len(members) < 2:
-            continue
         wide = {c: g.drop_duplicates("qid").set_index("qid") for c, g in grp.groupby("cell")}
-        qids = sorted(set.intersection(*(set(w.index) for w in wide.values())))
-        train = [q for q in qids if is_train(q, train_share)]
-        test = [q for q in qids if not is_train(q, train_share)]
+        retr = {c: str(w["retriever"].iloc[0]) for c, w in wide.items()}
+        members = sorted(wide)
+        if tbase is not None:
+            tg = tbase[(tbase["strategy"] == strategy) & (tbase["model"] == model)]
+            by_r = {str(r): g.drop_duplicates("qid").set_index("qid") for r, g in tg.groupby("retriever")}
+            members = [c for c in members if retr[c] in by_r]
+            train_wide = {c: by_r[retr[c]] for c in members}
+        else:
+            train_wide = wide
+        if len(members) < 2:
+            if len(wide) >= 2:
+                info.setdefault("skipped", []).append(f"{strategy} · {model}: fewer than 2 retrievers in the training experiment")
+            continue
+        qids = sorted(set.intersection(*(set(wide[c].index) for c in members)))
+        if tbase is not None:
+            train = sorted(set.intersection(*(set(train_wide[c].index) for c in members)))
+            test = qids
+        else:
+            train = [q for q in qids if is_train(q, train_share)]
+            test = [q for q in qids if not is_train(q, train_share)]
         if len(train) < 2 or not test:
             info.setdefault("skipped", []).append(f"{strategy} · {model}: {len(train)} training / {len(test)} held-out questions")
             continue
         # prefer (for ties) the retriever with the better training accuracy
-        members.sort(key=lambda c: (-wide[c].loc[train, "em"].mean(), c))
+        members.sort(key=lambda c: (-train_wide[c].loc[train, "em"].mean(), c))
 
-        def arrays(qs: list[str], members: list[str] = members, wide: dict = wide) -> tuple:
-            ans = [[str(wide[c].at[q, "prediction"]) for c in members] for q in qs]
-            unk = np.array([[bool(wide[c].at[q, "is_unknown"]) for c in members] for q in qs])
-            cor = np.array([[float(wide[c].at[q, "em"]) >= 1.0 for c in members] for q in qs])
+        def arrays(qs: list[str], src: dict, members: list[str] = members) -> tuple:
+            ans = [[str(src[c].at[q, "prediction"]) for c in members] for q in qs]
+            unk = np.array([[bool(src[c].at[q, "is_unknown"]) for c in members] for q in qs])
+            cor = np.array([[float(src[c].at[q, "em"]) >= 1.0 for c in members] for q in qs])
             return similarity_tensor(ans, unk, metrics), unk, cor
 
-        s_tr, u_tr, c_tr = arrays(train)
+        s_tr, u_tr, c_tr = arrays(train, train_wide)
         f = fit(s_tr, u_tr, c_tr, metrics, seed=seed)
-        s_te, u_te, _ = arrays(test)
+        s_te, u_te, _ = arrays(test, wide)
         pick = choose(s_te, u_te, f.w, f.beta, f.pooling)
         retrievers = [str(wide[c]["retriever"].iloc[0]) for c in members]
         kept = [r for r, b in zip(retrievers, f.beta, strict=True) if b >= DROP_BELOW]
         eor_retriever = f"eor({','.join(sorted(retrievers))})"
         cell = f"{eor_retriever} · {strategy} · {model}"
-        fit_key = stable_hash(EOR_VERSION, [str(x) for x in grp["event_id"].sort_values()], metrics, seed, train_share)
+        train_ids = [] if tbase is None else sorted(str(x) for c in members for x in train_wide[c]["event_id"])
+        fit_key = stable_hash(EOR_VERSION, [str(x) for x in grp["event_id"].sort_values()], train_ids, metrics, seed, train_share)
         rows = []
         for n, q in enumerate(test):
             src = wide[members[pick[n]]].loc[q]
