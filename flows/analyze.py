@@ -46,6 +46,7 @@ class AnalysisResult:
     parent_run_id: str | None = None
     tracking_uri: str | None = None
     dropped_questions: int = 0
+    metric: str = "em"
 
 
 def _mlflow_key(s: str) -> str:
@@ -93,7 +94,7 @@ def compute(outcomes: pd.DataFrame, experiment: str, metric: str = "em", n_resam
                                               seed).as_dict())
     paired = pd.DataFrame(paired_rows)
     return AnalysisResult(experiment, len(qids), order, table, matrix, per_error, dec, shares, identity, paired,
-                          dropped_questions=all_q - len(qids))
+                          dropped_questions=all_q - len(qids), metric=metric)
 
 
 def write_outputs(res: AnalysisResult, out_dir: Path, store_root: str | Path | None = None, report: bool = True) -> list[Path]:
@@ -241,7 +242,7 @@ def _eor_summary(eres: AnalysisResult, cell: str, members: list[str]) -> dict[st
 def analyze_flow(store_root: str, experiment: str, out_dir: str | None = None, metric: str = "em", eor: bool = True,
                  log_mlflow: bool = True, eor_train: str | None = None) -> dict[str, Any]:
     res = run_analysis(store_root, experiment, out_dir, metric, eor, log_mlflow, eor_train=eor_train)
-    return {"experiment": experiment, "questions": res.questions, "cells": res.cells,
+    return {"experiment": experiment, "metric": metric, "questions": res.questions, "cells": res.cells,
             "files": [str(f) for f in res.files], "parent_run_id": res.parent_run_id, "tracking_uri": res.tracking_uri,
             "dropped_questions": res.dropped_questions,
             "inconsistency": res.inconsistency.to_dict("records"), "shares": res.shares.to_dict("records"),

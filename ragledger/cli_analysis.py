@@ -252,6 +252,7 @@ def register(app: typer.Typer) -> None:
         out: Annotated[Path | None, typer.Option(help="also keep the files here (default <store>/analysis/<experiment>)")] = None,
         eor: Annotated[bool, typer.Option(help="fit and evaluate EoR (seed 002) over the retriever-cells")] = True,
         mlflow: Annotated[bool, typer.Option(help="log to the MLflow parent run of the latest execution")] = True,
+        metric: Annotated[str, typer.Option(help="correctness for RWR/MRLR: em, or semantic (the BEM stand-in)")] = "em",
         eor_train: Annotated[str | None, typer.Option(help="fit EoR on this experiment's outcomes (default: a hashed-qid "
                                                            "split of this experiment's questions)")] = None,
     ) -> None:
@@ -265,7 +266,7 @@ def register(app: typer.Typer) -> None:
         if not Path(store).is_dir():
             _fail(f"--store {store}: no such directory")
         try:
-            r = analyze_flow(store, experiment, str(out) if out else None, "em", eor, mlflow, eor_train)
+            r = analyze_flow(store, experiment, str(out) if out else None, metric, eor, mlflow, eor_train)
         except AnalysisError as exc:
             _fail(str(exc))
         print_analysis(r)
@@ -290,8 +291,8 @@ def register(app: typer.Typer) -> None:
 def print_analysis(r: dict) -> None:
     import pandas as pd
 
-    t = Table(title=f"{r['experiment']} — {r['questions']} questions (cells sorted by EM)")
-    for c in ("cell", "EM %", "95% CI", "F1 %", "MRLR %", "MRWR %", "MRLR_RE %", "MRLR_HE %"):
+    t = Table(title=f"{r['experiment']} — {r['questions']} questions (cells sorted by accuracy; {r.get('metric', 'em')})")
+    for c in ("cell", "acc %", "95% CI", "F1 %", "MRLR %", "MRWR %", "MRLR_RE %", "MRLR_HE %"):
         t.add_column(c, justify="left" if c == "cell" else "right")
     for row in r["inconsistency"]:
         t.add_row(escape(row["cell"]), f"{100 * row['accuracy']:.1f}", f"[{100 * row['acc_lo']:.1f}, {100 * row['acc_hi']:.1f}]",

@@ -183,7 +183,7 @@ def test_analyze_command_runs_the_flow_and_prints_tables(store, prefect_harness)
     r = CliRunner().invoke(app, ["analyze", EXP, "--store", str(root), "--no-eor", "--no-mlflow"], env={"COLUMNS": "220"})
     assert r.exit_code == 0, r.output
     out = r.output
-    assert "tiny — 4 questions" in out and "MRLR" in out and "error shares" in out
+    assert "tiny — 4 questions" in out and "MRLR" in out and "accuracy; em" in out and "error shares" in out
     assert "identity P(fail) = P(RE) − P(LG) + P(EE) + P(HE): holds" in out
     assert (root / "analysis" / EXP / "report.html").exists()
     r = CliRunner().invoke(app, ["analyze", "missing", "--store", str(root), "--no-mlflow"])

@@ -36,7 +36,7 @@ def _img(png: bytes, alt: str) -> str:
 
 
 def _headline(res: AnalysisResult) -> str:
-    rows = ["<table><tr><th class=l>cell</th><th>EM %</th><th>95% CI</th><th>F1 %</th><th>MRLR %</th><th>MRWR %</th>"
+    rows = ["<table><tr><th class=l>cell</th><th>accuracy %</th><th>95% CI</th><th>F1 %</th><th>MRLR %</th><th>MRWR %</th>"
             "<th>failures</th></tr>"]
     for r in res.inconsistency.itertuples():
         rows.append(f"<tr><td class=l>{_e(r.cell)}</td><td>{_pct(r.accuracy)}</td><td>[{_pct(r.acc_lo)}, {_pct(r.acc_hi)}]</td>"
@@ -132,7 +132,8 @@ def html_report(res: AnalysisResult, store_root: str | Path | None = None) -> st
     return (
         f"<!doctype html><html><head><meta charset=utf-8><title>ragledger — {_e(res.experiment)}</title>"
         f"<style>{CSS}</style></head><body><h1>{_e(res.experiment)}</h1>"
-        f"<p>{res.questions} questions × {len(res.cells)} cells{dropped}. Correct = EM; CIs: percentile bootstrap, "
+        f"<p>{res.questions} questions × {len(res.cells)} cells{dropped}. Correct = {_e(res.metric)} for RWR/MRLR and "
+        "accuracy, EM for the error decomposition; CIs: percentile bootstrap, "
         "1,000 resamples over questions, seeded. Definitions: seed 002 (see DESIGN.md).</p>"
         f"<h2>Headline</h2>{_headline(res)}<h2>Error decomposition</h2>{_identity(res)}{_shares(res)}"
         f"<h2>Plots</h2>{_plots(res.pngs)}<h2>Paired comparisons</h2>{_paired(res)}{_eor(res)}"
