@@ -67,7 +67,7 @@ def compute(outcomes: pd.DataFrame, experiment: str, metric: str = "em", n_resam
     if not qids:
         raise an.AnalysisError(f"experiment {experiment!r}: no question was answered by every cell")
     all_q = outcomes["qid"].nunique()
-    used = outcomes[outcomes["qid"].isin(set(qids))]
+    used = outcomes if all_q == len(qids) else outcomes[outcomes["qid"].isin(set(qids))]
     table, matrix = an.inconsistency_table(correct, cells)
     order = list(table["cell"])
     idx = {c: i for i, c in enumerate(cells)}
@@ -79,16 +79,16 @@ def compute(outcomes: pd.DataFrame, experiment: str, metric: str = "em", n_resam
 
     dec = an.decompose(used)
     per_error = {}
+    indicators = an.indicator_matrices(dec, order, [*PER_ERRORS, "correct"])
     for e in PER_ERRORS:
-        ind = an.per_error_indicators(dec, order, qids, e)
-        m, _, mrlr_e = an.rwr_error(ind)
+        m, _, mrlr_e = an.rwr_error(indicators[e])
         per_error[e] = pd.DataFrame(m, index=order, columns=order)
         table[f"MRLR_{e}"] = mrlr_e
     shares = an.error_shares(dec, n_resamples, seed)
     identity = pd.DataFrame([vars(c) | {"holds": c.holds} for c in an.identity_checks(dec)])
     paired_rows = []
     if pairs:
-        em_wide, _, _ = an.cell_question_matrix(used, used["em"].to_numpy(dtype=float) >= 1.0, order, qids)  # EM is 0/1
+        em_wide = indicators["correct"]  # EM is 0/1
         for (i, a), (j, b) in itertools.combinations(enumerate(order), 2):
             paired_rows.append(compare_arrays(a, b, em_wide[i].astype(float), em_wide[j].astype(float), n_resamples,
                                               seed).as_dict())

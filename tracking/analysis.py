@@ -48,9 +48,12 @@ def rwr_error(indicator: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray
 
 
 def _win_matrix(lose: np.ndarray, win: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    # one matrix product counts |lose_i ∧ win_j| for every pair; float32 is exact up to 2^24 questions
-    dtype = np.float32 if lose.shape[1] < 2**24 else np.float64
-    counts = lose.astype(dtype) @ win.astype(dtype).T
+    # |lose_i ∧ win_j| for every pair by popcount over bit-packed rows: exact, single-threaded and
+    # ~10× faster than a float matrix product (whose BLAS threads stall on a loaded machine)
+    lp, wp = np.packbits(lose, axis=1), np.packbits(win, axis=1)
+    counts = np.zeros((lose.shape[0], win.shape[0]), dtype=np.int64)
+    for i in range(lose.shape[0]):
+        counts[i] = np.bitwise_count(lp[i] & wp).sum(axis=1, dtype=np.int64)
     denom = lose.sum(axis=1).astype(np.float64)
     matrix = np.divide(counts, denom[:, None], out=np.zeros(counts.shape, dtype=np.float64), where=denom[:, None] > 0)
     np.fill_diagonal(matrix, 0.0)
@@ -188,9 +191,9 @@ def error_shares(decomposed: pd.DataFrame, n_resamples: int = 1000, seed: int = 
     Long format: cell, error_type, count, n, share, lo, hi.
     """
     rows = []
-    for k, (cell, grp) in enumerate(decomposed.groupby("cell", sort=True)):
-        n = len(grp)
-        counts = grp["error_type"].astype(str).value_counts().reindex(SHARE_CLASSES, fill_value=0).to_numpy()
+    for k, (cell, et) in enumerate(decomposed["error_type"].groupby(decomposed["cell"], sort=True)):
+        n = len(et)
+        counts = et.astype(str).value_counts().reindex(SHARE_CLASSES, fill_value=0).to_numpy()
         p = counts / n
         rng = np.random.default_rng([seed, k])
         draws = rng.multinomial(n, p, size=n_resamples) / n
@@ -225,6 +228,21 @@ def per_error_indicators(decomposed: pd.DataFrame, cells: list[str], qids: list[
     sub = decomposed[decomposed["qid"].isin(set(qids)) & decomposed["cell"].isin(set(cells))]
     arr, _, _ = cell_question_matrix(sub, sub[error].to_numpy(dtype=bool), cells, qids)
     return arr
+
+
+def indicator_matrices(decomposed: pd.DataFrame, cells: list[str], columns: list[str]) -> dict[str, np.ndarray]:
+    """cells × questions boolean arrays of several indicator columns at once (one factorization;
+    questions sorted by id). Assumes every cell answered every question in `decomposed`."""
+    ccode, cuniq = pd.factorize(decomposed["cell"].astype(str), sort=True)
+    qcode, quniq = pd.factorize(decomposed["qid"].astype(str), sort=True)
+    pos = {str(c): i for i, c in enumerate(cuniq)}
+    rows = [pos[c] for c in cells]
+    out = {}
+    for col in columns:
+        arr = np.zeros((len(cuniq), len(quniq)), dtype=bool)
+        np.logical_or.at(arr, (ccode, qcode), decomposed[col].to_numpy(dtype=bool))
+        out[col] = arr[rows]
+    return out
 
 
 def sort_by_accuracy(correct: np.ndarray, cells: list[str]) -> list[int]:
