@@ -188,3 +188,27 @@ def test_analyze_command_runs_the_flow_and_prints_tables(store, prefect_harness)
     assert (root / "analysis" / EXP / "report.html").exists()
     r = CliRunner().invoke(app, ["analyze", "missing", "--store", str(root), "--no-mlflow"])
     assert r.exit_code == 2 and "no outcome records" in r.output
+
+
+def test_resolve_cell_by_words():
+    from ragledger.cli_analysis import resolve_cell
+
+    cells = ["bm25@5 · concatenation · m", "bm25@5 · post_fusion · m", "none · post_fusion · m"]
+    assert resolve_cell("bm25@5 · post_fusion · m", cells) == cells[1]
+    assert resolve_cell("bm25@5 post_fusion", cells) == cells[1]
+    assert resolve_cell("concatenation", cells) == cells[0]
+    with pytest.raises(ValueError, match="matches 2 cells"):
+        resolve_cell("post_fusion", cells)
+    with pytest.raises(ValueError, match="no cell matches"):
+        resolve_cell("dense@5", cells)
+
+
+def test_query_can_be_limited_to_one_experiment(store):
+    root, _ = store
+    other = [{"event_id": event_id("questions", "other", "x"), "cell": "", "qid": "x1", "dataset": "jsonl", "question": "Q?",
+              "answers": ["A"], "gold_pids": []}]
+    EventStore(root).write("questions", new_events("questions", "other", other))
+    r = cli("query", "SELECT count(*) AS n FROM questions", "--store", root, "--format", "csv")
+    assert r.output.splitlines()[1] == "5"
+    r = cli("query", "SELECT count(*) AS n FROM questions", "--store", root, "--format", "csv", "--experiment", "other")
+    assert r.output.splitlines()[1] == "1"
