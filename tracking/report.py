@@ -87,8 +87,9 @@ def _drilldown(res: AnalysisResult, questions: pd.DataFrame | None, limit: int =
     out = [f"<p>{dec['qid'].nunique()} questions; the first {limit} shown, hardest first "
            "(fewest cells right).</p>"]
     right = dec.groupby("qid")["correct"].sum().sort_values(kind="stable")
-    by_q = {q: g for q, g in dec.groupby("qid")}
-    for qid in list(right.index)[:limit]:
+    shown = list(right.index)[:limit]
+    by_q = dict(iter(dec[dec["qid"].isin(set(shown))].groupby("qid")))  # only the questions shown
+    for qid in shown:
         g = by_q[qid]
         q, golds = qinfo.get(qid, ("", []))
         head = f"{_e(qid)} — {int(right[qid])}/{len(g)} cells right — {_e(q)[:160]}"
