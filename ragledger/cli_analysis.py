@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 console = Console(width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # an error stays on one line, whatever the terminal width
 DEFAULT_STORE = ".ragledger/store"
 FORMATS = ("table", "csv", "json", "parquet")
 ERROR_TYPE_HELP = "correct, lucky_guess, retrieval_failure, extraction_error, hallucination_error or abstention"
