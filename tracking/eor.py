@@ -22,6 +22,7 @@ their id (TRAIN_SHARE for training); the fitted EoR is evaluated on the held-out
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import minimize
 
-from ragledger.answers import normalize_answer, token_f1
+from ragledger.answers import normalize_answer
 from tracking.events import EventStore, event_id, new_events, stable_hash
 
 EOR_VERSION = "eor-1"
@@ -63,10 +64,18 @@ def similarity_tensor(answers: list[list[str]], unknown: np.ndarray, metrics: tu
     for mi, m in enumerate(metrics):
         if m == "em":
             for n in range(q):
-                s[n, mi] = [[float(x == y) for y in norm[n]] for x in norm[n]]
+                row = np.array(norm[n], dtype=object)
+                s[n, mi] = np.equal.outer(row, row)
         elif m == "f1":
+            # token F1 of SQuAD (ragledger.answers.token_f1) from tokens normalised once per answer; symmetric
+            toks = [[x.split() for x in row] for row in norm]
+            counts = [[Counter(t) for t in row] for row in toks]
             for n in range(q):
-                s[n, mi] = [[token_f1(x, y) for y in answers[n]] for x in answers[n]]
+                for i in range(r):
+                    for j in range(i, r):
+                        same = sum((counts[n][i] & counts[n][j]).values())
+                        f = 0.0 if same == 0 else 2 * same / (len(toks[n][i]) + len(toks[n][j]))
+                        s[n, mi, i, j] = s[n, mi, j, i] = f
         elif m == "cosine":
             assert vec is not None
             s[:, mi] = np.clip(np.einsum("qid,qjd->qij", vec, vec), 0, 1)
