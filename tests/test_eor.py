@@ -101,3 +101,20 @@ def test_fit_on_a_separate_training_experiment(tmp_path):
     assert info["fits"][cell]["train"] == 120 and len(out) == 120  # evaluated on every question of "syn"
     good = outcomes[outcomes["retriever"] == "good"]["em"].mean()
     assert out["em"].mean() >= good - 0.02
+
+
+def test_analysis_flow_reports_eor_as_a_cell_on_held_out_questions(tmp_path):
+    from flows.analyze import run_analysis
+
+    synthetic_store(tmp_path, n=120)
+    res = run_analysis(tmp_path, "syn", log_mlflow=False)
+    (cell,) = res.eor["cells"]
+    summary = res.eor["summaries"][cell]
+    assert summary["best_single"] == "good · concatenation · m"
+    assert summary["eor_em"] >= summary["best_single_em"] - 0.02
+    assert summary["held_out_questions"] == len(res.eor["test_qids"]) < 120
+    eres = res.eor_results[cell]
+    assert cell in eres.cells and eres.identity["holds"].all()  # every analysis applies to the EoR cell
+    names = {str(f.relative_to(tmp_path / "analysis" / "syn")) for f in res.files}
+    assert {"eor1/rwr_heatmap.png", "eor1/inconsistency.parquet", "eor_weights.parquet", "eor.json", "report.html"} <= names
+    assert "Ensemble of Retrievers" in (tmp_path / "analysis" / "syn" / "report.html").read_text()
