@@ -224,5 +224,10 @@ def models_fetch(name: Annotated[str, typer.Argument(help="bundled model name")]
         _fail(str(exc))
 
 
+# analyses over stored records: query, errors, flips, hardest, analyze, trace (ragledger/cli_analysis.py)
+from ragledger.cli_analysis import register as _register_analysis  # noqa: E402
+
+_register_analysis(app)
+
 if __name__ == "__main__":
     app()

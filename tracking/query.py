@@ -45,7 +45,9 @@ def connect(store_root: str | Path, experiment: str | None = None) -> duckdb.Duc
             file_list = ", ".join("'" + f.replace("'", "''") + "'" for f in files)
             con.execute(
                 f"CREATE VIEW {kind} AS SELECT * EXCLUDE (rn) FROM ("
-                f"SELECT *, row_number() OVER (PARTITION BY event_id ORDER BY created_at) AS rn "
+                # every kind has qid, and one event has one qid: partitioning by (qid, event_id) is the same
+                # dedupe, but lets DuckDB push a `WHERE qid = ...` below the window (1.6 M rows: ~1 s -> ~0.1 s)
+                f"SELECT *, row_number() OVER (PARTITION BY qid, event_id ORDER BY created_at) AS rn "
                 f"FROM read_parquet([{file_list}], union_by_name = true)) WHERE rn = 1"
             )
         else:

@@ -1,0 +1,249 @@
+"""The analysis flow: seed 002's projections over an experiment's stored outcomes, written as
+parquet tables + PNG plots + an HTML report to the MLflow parent run of the experiment's latest
+execution. It reads records only (event store + run manifests); it never calls a model.
+
+`run_analysis` is the pure-ish function (files + optional MLflow logging); `analyze_flow` is its
+thin Prefect wrapper.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from prefect import flow
+
+from tracking import analysis as an
+from tracking.executions import latest_execution, load_outcomes, manifests  # noqa: F401  (re-exported)
+from tracking.stats import compare_arrays
+
+ANALYSIS_VERSION = "analysis-1"
+PER_ERRORS = ("RE", "LG", "EE", "HE", "abstain")
+
+
+@dataclass
+class AnalysisResult:
+    experiment: str
+    questions: int
+    cells: list[str]
+    inconsistency: pd.DataFrame
+    rwr: pd.DataFrame
+    per_error_rwr: dict[str, pd.DataFrame]
+    decomposition: pd.DataFrame
+    shares: pd.DataFrame
+    identity: pd.DataFrame
+    paired: pd.DataFrame
+    eor: dict[str, Any] = field(default_factory=dict)
+    eor_results: dict[str, AnalysisResult] = field(default_factory=dict)
+    pngs: dict[str, bytes] = field(default_factory=dict)
+    files: list[Path] = field(default_factory=list)
+    parent_run_id: str | None = None
+    tracking_uri: str | None = None
+    dropped_questions: int = 0
+    metric: str = "em"
+
+
+def _mlflow_key(s: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_\-./ ]", "_", s)
+
+
+def _long(matrix: pd.DataFrame, **extra) -> pd.DataFrame:
+    out = matrix.stack().rename("rwr").rename_axis(["i", "j"]).reset_index()
+    for k, v in extra.items():
+        out.insert(0, k, v)
+    return out
+
+
+def compute(outcomes: pd.DataFrame, experiment: str, metric: str = "em", n_resamples: int = 1000, seed: int = 0,
+            pairs: bool = True) -> AnalysisResult:
+    """Every table of the analysis from outcome records (no I/O)."""
+    correct, cells, qids = an.correctness_matrix(outcomes, metric)
+    if not qids:
+        raise an.AnalysisError(f"experiment {experiment!r}: no question was answered by every cell")
+    all_q = outcomes["qid"].nunique()
+    used = outcomes if all_q == len(qids) else outcomes[outcomes["qid"].isin(set(qids))]
+    table, matrix = an.inconsistency_table(correct, cells)
+    order = list(table["cell"])
+    idx = {c: i for i, c in enumerate(cells)}
+    cis = [an.accuracy_ci(correct[idx[c]], n_resamples, seed) for c in order]
+    table.insert(2, "acc_lo", [c[1] for c in cis])
+    table.insert(3, "acc_hi", [c[2] for c in cis])
+    f1 = used.groupby("cell")["f1"].mean()
+    table.insert(4, "f1", [float(f1.get(c, 0.0)) for c in order])
+
+    dec = an.decompose(used)
+    per_error = {}
+    indicators = an.indicator_matrices(dec, order, [*PER_ERRORS, "correct"])
+    for e in PER_ERRORS:
+        m, _, mrlr_e = an.rwr_error(indicators[e])
+        per_error[e] = pd.DataFrame(m, index=order, columns=order)
+        table[f"MRLR_{e}"] = mrlr_e
+    shares = an.error_shares(dec, n_resamples, seed)
+    identity = pd.DataFrame([vars(c) | {"holds": c.holds} for c in an.identity_checks(dec)])
+    paired_rows = []
+    if pairs:
+        em_wide = indicators["correct"]  # EM is 0/1
+        for (i, a), (j, b) in itertools.combinations(enumerate(order), 2):
+            paired_rows.append(compare_arrays(a, b, em_wide[i].astype(float), em_wide[j].astype(float), n_resamples,
+                                              seed).as_dict())
+    paired = pd.DataFrame(paired_rows)
+    return AnalysisResult(experiment, len(qids), order, table, matrix, per_error, dec, shares, identity, paired,
+                          dropped_questions=all_q - len(qids), metric=metric)
+
+
+def write_outputs(res: AnalysisResult, out_dir: Path, store_root: str | Path | None = None, report: bool = True) -> list[Path]:
+    """Parquet tables, PNG plots and the HTML report under out_dir; returns the files."""
+    from tracking import plots
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files: list[Path] = []
+
+    def put(name: str, data: bytes | pd.DataFrame) -> None:
+        p = out_dir / name
+        if isinstance(data, pd.DataFrame):
+            data.to_parquet(p, index=False)
+        else:
+            p.write_bytes(data)
+        files.append(p)
+
+    acc = res.inconsistency.set_index("cell")["accuracy"]
+    put("inconsistency.parquet", res.inconsistency)
+    put("rwr.parquet", _long(res.rwr))
+    put("per_error_rwr.parquet", pd.concat([_long(m, error=e) for e, m in res.per_error_rwr.items()], ignore_index=True))
+    keep = ["experiment", "cell", "qid", "retriever", "strategy", "model", "prediction", "em", "f1", "error_type",
+            *an.ERROR_INDICATORS, "correct", "fail"]
+    put("decomposition.parquet", res.decomposition[[c for c in keep if c in res.decomposition.columns]])
+    put("error_shares.parquet", res.shares)
+    put("identity.parquet", res.identity)
+    if not res.paired.empty:
+        put("paired.parquet", res.paired)
+    pngs = {"rwr_heatmap.png": plots.rwr_heatmap(res.rwr, f"{res.experiment}: RWR(i→j), cells by accuracy", acc)}
+    for e, m in res.per_error_rwr.items():
+        pngs[f"rwr_{e}.png"] = plots.rwr_heatmap(m, f"{res.experiment}: RWR for error {e} (share of i's {e} that j avoids)")
+    pngs["error_shares.png"] = plots.error_share_bars(res.shares, res.cells)
+    for name, png in pngs.items():
+        put(name, png)
+    res.pngs = pngs
+    if report:
+        files.append(_put_report(res, out_dir, store_root))
+    return files
+
+
+def _put_report(res: AnalysisResult, out_dir: Path, store_root: str | Path | None) -> Path:
+    from tracking.report import html_report
+
+    p = out_dir / "report.html"
+    p.write_text(html_report(res, store_root), encoding="utf-8")
+    return p
+
+
+def log_to_parent(res: AnalysisResult, files: list[Path], execution: dict, base: Path) -> None:
+    from tracking.mlflow_log import MlflowLogger
+
+    summary = execution.get("summary", {})
+    run_id, uri = summary.get("mlflow_parent_run_id"), summary.get("tracking_uri")
+    if not run_id or not uri:
+        raise an.AnalysisError(f"{execution.get('manifest_path')}: manifest has no MLflow parent run id / tracking uri")
+    spec = execution.get("spec", {})
+    logger = MlflowLogger(uri, (spec.get("tracking") or {}).get("mlflow_experiment") or res.experiment)
+    by_dir: dict[str, list[Path]] = {}
+    for f in dict.fromkeys(files):  # each file once, under analysis/<its sub-folder>
+        rel = f.parent.relative_to(base).as_posix()
+        by_dir.setdefault("analysis" if rel == "." else f"analysis/{rel}", []).append(f)
+    for path, fs in by_dir.items():
+        logger.log_artifacts(run_id, fs, path)
+    metrics = {"analysis.questions": res.questions, "analysis.identity_max_abs_residual":
+               float(res.identity[["residual_literal", "residual_own_class"]].abs().to_numpy().max())}
+    for r in res.inconsistency.itertuples():
+        metrics[_mlflow_key(f"analysis.mrlr.{r.cell}")] = float(r.MRLR)
+    if res.eor:
+        for k in ("eor_em", "eor_f1", "eor_mrlr", "best_single_em", "best_single_mrlr"):
+            if k in res.eor:
+                metrics[f"analysis.{k}"] = float(res.eor[k])
+    logger.log(run_id, metrics={k: v for k, v in metrics.items() if v is not None and np.isfinite(v)},
+               tags={"ragledger.analysis_version": ANALYSIS_VERSION})
+    res.parent_run_id, res.tracking_uri = run_id, uri
+
+
+def run_analysis(store_root: str | Path, experiment: str, out_dir: str | Path | None = None, metric: str = "em",
+                 eor: bool = True, log_mlflow: bool = True, n_resamples: int = 1000, seed: int = 0,
+                 eor_train: str | None = None) -> AnalysisResult:
+    """Analyse the latest execution of `experiment` and write (and log) the results.
+
+    The main analysis covers the execution's cells on every question they share. EoR (fitted on the
+    training split) is analysed like any other cell, beside its member cells, on the held-out questions
+    only, so no in-sample answer is ever reported; those tables go under `eor/`.
+    """
+    execution = latest_execution(store_root, experiment)
+    outcomes = load_outcomes(store_root, experiment, execution)
+    outcomes = outcomes[~outcomes["retriever"].astype(str).str.startswith("eor(")]
+    res = compute(outcomes, experiment, metric, n_resamples, seed)
+    base = Path(out_dir) if out_dir else Path(store_root) / "analysis" / experiment
+    files = write_outputs(res, base, store_root, report=False)
+    if eor:
+        from tracking.eor import eor_cells
+
+        train = None if eor_train is None else load_outcomes(store_root, eor_train, latest_execution(store_root, eor_train))
+        eor_outcomes, info = eor_cells(store_root, experiment, outcomes, seed=seed, train_outcomes=train,
+                                       train_experiment=eor_train)
+        if info:
+            res.eor = dict(info)
+        for k, cell in enumerate(info.get("cells", [])):
+            members = info["members"][cell]
+            held = set(info["test_qids"])
+            sub = pd.concat([outcomes[outcomes["cell"].isin(members)], eor_outcomes[eor_outcomes["cell"] == cell]])
+            sub = sub[sub["qid"].isin(held)]
+            eres = compute(sub, f"{experiment} (EoR, held-out)", metric, n_resamples, seed)
+            res.eor_results[cell] = eres
+            files += write_outputs(eres, base / f"eor{k + 1}", None, report=False)
+            summary = _eor_summary(eres, cell, members)
+            res.eor.setdefault("summaries", {})[cell] = summary
+            if k == 0:  # the first reader's EoR also at top level (MLflow metrics analysis.eor_*)
+                res.eor.update(summary)
+        if res.eor:
+            files += _write_eor(res.eor, base)
+    files.append(_put_report(res, base, store_root))
+    res.files = files
+    if log_mlflow and execution is not None:
+        log_to_parent(res, res.files, execution, base)
+    return res
+
+
+def _write_eor(info: dict[str, Any], base: Path) -> list[Path]:
+    out = []
+    if info.get("weights_table"):
+        p = base / "eor_weights.parquet"
+        pd.DataFrame(info["weights_table"]).to_parquet(p, index=False)
+        out.append(p)
+    p = base / "eor.json"
+    p.write_text(json.dumps({k: v for k, v in info.items() if k not in ("weights_table", "train_qids", "test_qids")},
+                            indent=2, default=str))
+    out.append(p)
+    return out
+
+
+def _eor_summary(eres: AnalysisResult, cell: str, members: list[str]) -> dict[str, Any]:
+    """EoR against the best single retriever of the same reader, on the held-out questions."""
+    t = eres.inconsistency.set_index("cell")
+    best = max(members, key=lambda c: (t.at[c, "accuracy"], c))
+    return {"eor_cell": cell, "best_single": best, "eor_em": float(t.at[cell, "accuracy"]), "eor_f1": float(t.at[cell, "f1"]),
+            "best_single_em": float(t.at[best, "accuracy"]), "best_single_f1": float(t.at[best, "f1"]),
+            "eor_mrlr": float(t.at[cell, "MRLR"]), "best_single_mrlr": float(t.at[best, "MRLR"]),
+            "held_out_questions": eres.questions}
+
+
+@flow(name="ragledger-analyze", version=ANALYSIS_VERSION)
+def analyze_flow(store_root: str, experiment: str, out_dir: str | None = None, metric: str = "em", eor: bool = True,
+                 log_mlflow: bool = True, eor_train: str | None = None) -> dict[str, Any]:
+    res = run_analysis(store_root, experiment, out_dir, metric, eor, log_mlflow, eor_train=eor_train)
+    return {"experiment": experiment, "metric": metric, "questions": res.questions, "cells": res.cells,
+            "files": [str(f) for f in res.files], "parent_run_id": res.parent_run_id, "tracking_uri": res.tracking_uri,
+            "dropped_questions": res.dropped_questions,
+            "inconsistency": res.inconsistency.to_dict("records"), "shares": res.shares.to_dict("records"),
+            "identity": res.identity.to_dict("records"), "eor": res.eor}

@@ -1,0 +1,214 @@
+"""CLI query / errors / flips / hardest / trace and the analysis run, on a small store built by writing
+records through EventStore (no model), with a run manifest and an MLflow parent run like the flow's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from ragledger.cli import app
+from tracking.events import EventStore, event_id, new_events
+
+EXP = "tiny"
+QUESTIONS = {
+    "q1": ("Who won Super Bowl 50?", ["Denver Broncos"]),
+    "q2": ("What is the capital of France?", ["Paris"]),
+    "q3": ("What is Earth's highest mountain?", ["Mount Everest", "Everest"]),
+    "q4": ("Which river flows north in Africa?", ["Nile"]),
+}
+PASSAGE = {"q1": "The Denver Broncos won Super Bowl 50.", "q2": "Lyon is a city in France.",
+           "q3": "Mount Everest is Earth's highest mountain.", "q4": "The Nile flows north."}
+# (prediction, em, gold_in_context, error_type) per cell and question
+CELLS = {
+    "bm25@1": {"q1": ("Denver Broncos", 1, True, "correct"), "q2": ("Lyon", 0, False, "retrieval_failure"),
+               "q3": ("K2", 0, True, "hallucination_error"), "q4": ("Nile", 1, True, "correct")},
+    "none": {"q1": ("unknown", 0, False, "abstention"), "q2": ("Paris", 1, False, "lucky_guess"),
+             "q3": ("Alps", 0, False, "retrieval_failure"), "q4": ("Congo", 0, False, "retrieval_failure")},
+}
+
+
+def cell(r):
+    return f"{r} · concatenation · m"
+
+
+def build_store(root):
+    store = EventStore(root)
+    q = [{"event_id": event_id("questions", EXP, k), "cell": "", "qid": k, "dataset": "jsonl", "question": v[0],
+          "answers": v[1], "gold_pids": []} for k, v in QUESTIONS.items()]
+    segs = {"questions": [str(store.write("questions", new_events("questions", EXP, q)))]}
+    ret = [{"event_id": event_id("retrievals", EXP, k), "cell": "", "qid": k, "retriever": "bm25@1", "rank": 1, "pid": f"p{k}",
+            "score": 1.5, "title": "T", "text": t, "text_hash": "h" * 16} for k, t in PASSAGE.items()]
+    gens, votes, outs = [], [], []
+    for r, answers in CELLS.items():
+        for k, (pred, em, gic, et) in answers.items():
+            common = {"cell": cell(r), "qid": k, "retriever": r, "strategy": "concatenation"}
+            gens.append({**common, "event_id": event_id("generations", EXP, r, k), "round": 1, "role": "answer",
+                         "call_index": 0, "sample_index": 0, "call_id": "c" * 16, "prompt_version": "v1", "prompt_hash": "p" * 16,
+                         "system_prompt": "say unknown if unsure", "prompt": f"Context: {PASSAGE[k] if r != 'none' else ''}\n"
+                         f"Question: {QUESTIONS[k][0]}\nAnswer:", "passage_ids": [f"p{k}"] if r != "none" else [],
+                         "output": f"Answer: {pred}", "parsed_answer": pred, "parse_status": "ok", "logprob": None,
+                         "tokens_in": 20, "tokens_out": 3, "latency_ms": 5.0, "model": "m", "from_cache": False, "retries": 0})
+            votes.append({**common, "event_id": event_id("votes", EXP, r, k), "method": "single", "candidates": [pred],
+                          "scores": [1.0], "chosen": pred})
+            outs.append({**common, "event_id": event_id("outcomes", EXP, r, k), "model": "m", "prediction": pred,
+                         "em": float(em), "f1": float(em), "semantic_match": None, "is_unknown": pred == "unknown",
+                         "gold_in_context": gic, "pool_has_correct": None, "error_type": et, "tokens_in": 20, "tokens_out": 3,
+                         "llm_calls": 1})
+    for kind, rows in (("retrievals", ret), ("generations", gens), ("votes", votes), ("outcomes", outs)):
+        segs[kind] = [str(store.write(kind, new_events(kind, EXP, rows)))]
+    return segs
+
+
+@pytest.fixture
+def store(tmp_path):
+    segs = build_store(tmp_path / "store")
+    return tmp_path / "store", segs
+
+
+def cli(*args):
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    return result
+
+
+def test_query_formats(store, tmp_path):
+    root, _ = store
+    r = cli("query", "SELECT cell, avg(em) AS em FROM outcomes GROUP BY cell ORDER BY cell", "--store", root, "--format", "csv")
+    assert r.exit_code == 0, r.output
+    assert r.output.splitlines() == ["cell,em", "bm25@1 · concatenation · m,0.5", "none · concatenation · m,0.25"]
+    r = cli("query", "SELECT qid FROM outcomes WHERE error_type = 'lucky_guess'", "--store", root, "--format", "json")
+    assert json.loads(r.output) == [{"qid": "q2"}]
+    out = tmp_path / "o.parquet"
+    r = cli("query", "SELECT * FROM outcomes", "--store", root, "--format", "parquet", "--output", out)
+    assert r.exit_code == 0 and len(pd.read_parquet(out)) == 8
+    r = cli("query", "SELECT count(*) AS n FROM outcomes", "--store", root)
+    assert r.exit_code == 0 and "8" in r.output
+    r = cli("query", "SELEKT 1", "--store", root)
+    assert r.exit_code == 2 and "SQL" in r.output
+    r = cli("query", "SELECT 1", "--store", root, "--format", "parquet")
+    assert r.exit_code == 2 and "--output" in r.output
+
+
+def test_errors_filters(store):
+    root, _ = store
+    r = cli("errors", EXP, "--store", root, "--format", "json")
+    rows = json.loads(r.output)
+    assert {(x["qid"], x["error_type"]) for x in rows if x["cell"] == cell("none")} == \
+        {("q1", "abstention"), ("q2", "lucky_guess"), ("q3", "retrieval_failure"), ("q4", "retrieval_failure")}
+    assert all(x["error_type"] != "correct" for x in rows)
+    r = cli("errors", EXP, "--store", root, "--cell", "bm25@1", "--error-type", "hallucination_error", "--format", "json")
+    rows = json.loads(r.output)
+    assert [(x["qid"], x["prediction"], x["gold"]) for x in rows] == [("q3", "K2", "Mount Everest | Everest")]
+    assert cli("errors", EXP, "--store", root, "--error-type", "bad").exit_code == 2
+    r = cli("errors", EXP, "--store", root, "--cell", "dense")
+    assert r.exit_code == 2 and "no cell matches" in r.output
+    r = cli("errors", "nope", "--store", root)
+    assert r.exit_code == 2 and "no outcome records" in r.output
+
+
+def test_flips_and_hardest(store):
+    root, _ = store
+    r = cli("flips", "bm25@1", "none", "--store", root, "--format", "json")
+    assert r.exit_code == 0, r.output
+    # bm25 right & none wrong: q1, q4; none right & bm25 wrong: q2; both wrong: q3
+    assert "A right │          0 │ 2 (A won)" in r.output and "1 (A lost)" in r.output
+    assert "exact McNemar p = 1" in r.output  # 2 vs 1 discordant pairs
+    flips = json.loads(r.output[r.output.index("[{"):].splitlines()[0])
+    assert [(f["qid"], f["winner"]) for f in flips] == [("q1", "A"), ("q4", "A"), ("q2", "B")]
+    r = cli("hardest", EXP, "--store", root, "--format", "json")
+    assert [(x["qid"], x["error_types"]) for x in json.loads(r.output)] == \
+        [("q3", "hallucination_error×1, retrieval_failure×1")]
+
+
+def test_trace_shows_lineage(store):
+    root, _ = store
+    r = CliRunner().invoke(app, ["trace", EXP, "q3", "--store", str(root)], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    out = r.output
+    for needed in ("What is Earth's highest mountain?", "Mount Everest | Everest", "passage 1", "(gold answer)",
+                   "role answer", "prompt:", "raw output: Answer: K2", "vote single", "hallucination_error",
+                   "retrieval_failure", "no passages (closed book)", "say unknown if unsure"):
+        assert needed in out, needed
+    assert out.index(cell("bm25@1")) < out.index(cell("none"))
+    r = cli("trace", EXP, "q9", "--store", root)
+    assert r.exit_code == 2 and "no question with id 'q9'" in r.output
+
+
+def test_analysis_writes_tables_plots_report_to_the_parent_run(store, tmp_path):
+    root, segs = store
+    from flows.analyze import run_analysis
+    from tracking.mlflow_log import MlflowLogger
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    logger = MlflowLogger(uri, EXP)
+    parent = logger.start_run(EXP, {"ragledger.level": "experiment"})
+    logger.end(parent)
+    manifest = root / "runs" / EXP / "20260101T000000-abcdef12.json"
+    manifest.parent.mkdir(parents=True)
+    cells = {cell(r): {k: v for k, v in segs.items()} for r in CELLS}
+    manifest.write_text(json.dumps({"summary": {"mlflow_parent_run_id": parent, "tracking_uri": uri}, "segments": cells,
+                                    "spec": {"name": EXP, "tracking": {}}}))
+    res = run_analysis(root, EXP, eor=False)
+    t = res.inconsistency.set_index("cell")
+    assert t.loc[cell("bm25@1"), "accuracy"] == 0.5 and t.loc[cell("none"), "accuracy"] == 0.25
+    # RWR(bm25 -> none) = 1/2 (q2 of {q2, q3}); RWR(none -> bm25) = 2/3 (q1, q4 of {q1, q3, q4})
+    assert res.rwr.loc[cell("bm25@1"), cell("none")] == 0.5
+    assert res.rwr.loc[cell("none"), cell("bm25@1")] == pytest.approx(2 / 3)
+    assert res.identity["holds"].all()
+    names = {f.name for f in res.files}
+    assert {"inconsistency.parquet", "rwr.parquet", "per_error_rwr.parquet", "error_shares.parquet", "paired.parquet",
+            "rwr_heatmap.png", "error_shares.png", "report.html"} <= names
+    html = (root / "analysis" / EXP / "report.html").read_text()
+    assert "data:image/png;base64," in html and "What is Earth" in html and "holds" in html
+    script = f"""
+import json
+from mlflow import MlflowClient
+c = MlflowClient({uri!r})
+print(json.dumps({{"arts": [a.path for a in c.list_artifacts({parent!r}, "analysis")],
+                  "metrics": c.get_run({parent!r}).data.metrics}}))
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert {"analysis/report.html", "analysis/rwr_heatmap.png", "analysis/inconsistency.parquet"} <= set(got["arts"])
+    assert got["metrics"]["analysis.identity_max_abs_residual"] == 0.0
+    assert got["metrics"]["analysis.questions"] == 4
+
+
+def test_analyze_command_runs_the_flow_and_prints_tables(store, prefect_harness):
+    root, _ = store
+    r = CliRunner().invoke(app, ["analyze", EXP, "--store", str(root), "--no-eor", "--no-mlflow"], env={"COLUMNS": "220"})
+    assert r.exit_code == 0, r.output
+    out = r.output
+    assert "tiny — 4 questions" in out and "MRLR" in out and "accuracy; em" in out and "error shares" in out
+    assert "identity P(fail) = P(RE) − P(LG) + P(EE) + P(HE): holds" in out
+    assert (root / "analysis" / EXP / "report.html").exists()
+    r = CliRunner().invoke(app, ["analyze", "missing", "--store", str(root), "--no-mlflow"])
+    assert r.exit_code == 2 and "no outcome records" in r.output
+
+
+def test_resolve_cell_by_words():
+    from ragledger.cli_analysis import resolve_cell
+
+    cells = ["bm25@5 · concatenation · m", "bm25@5 · post_fusion · m", "none · post_fusion · m"]
+    assert resolve_cell("bm25@5 · post_fusion · m", cells) == cells[1]
+    assert resolve_cell("bm25@5 post_fusion", cells) == cells[1]
+    assert resolve_cell("concatenation", cells) == cells[0]
+    with pytest.raises(ValueError, match="matches 2 cells"):
+        resolve_cell("post_fusion", cells)
+    with pytest.raises(ValueError, match="no cell matches"):
+        resolve_cell("dense@5", cells)
+
+
+def test_query_can_be_limited_to_one_experiment(store):
+    root, _ = store
+    other = [{"event_id": event_id("questions", "other", "x"), "cell": "", "qid": "x1", "dataset": "jsonl", "question": "Q?",
+              "answers": ["A"], "gold_pids": []}]
+    EventStore(root).write("questions", new_events("questions", "other", other))
+    r = cli("query", "SELECT count(*) AS n FROM questions", "--store", root, "--format", "csv")
+    assert r.output.splitlines()[1] == "5"
+    r = cli("query", "SELECT count(*) AS n FROM questions", "--store", root, "--format", "csv", "--experiment", "other")
+    assert r.output.splitlines()[1] == "1"

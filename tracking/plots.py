@@ -1,0 +1,74 @@
+"""Matplotlib figures of the analyses (PNG bytes), in seed 002's style: RWR heatmaps with cells
+sorted by accuracy (best first), rows = the losing cell i, columns = the winning cell j."""
+
+from __future__ import annotations
+
+import io
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: figures are written to files / MLflow, never shown
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+SHARE_COLORS = {
+    "correct": "#4c9a2a", "lucky_guess": "#a5d46a", "retrieval_failure": "#d9534f",
+    "extraction_error": "#f0ad4e", "hallucination_error": "#8e44ad", "abstention": "#9e9e9e",
+}
+
+
+def _short(cell: str, width: int = 44) -> str:
+    return cell if len(cell) <= width else cell[: width - 1] + "…"
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def rwr_heatmap(matrix: pd.DataFrame, title: str, accuracy: pd.Series | None = None) -> bytes:
+    """Heatmap of an RWR matrix in percent; the caller passes it sorted by accuracy."""
+    k = len(matrix)
+    size = max(3.5, 0.55 * k + 2)
+    fig, ax = plt.subplots(figsize=(size + 1, size))
+    im = ax.imshow(matrix.to_numpy() * 100, cmap="Blues", vmin=0, vmax=100)
+    labels = [_short(c) + (f" ({100 * accuracy[c]:.1f})" if accuracy is not None else "") for c in matrix.index]
+    ax.set_xticks(range(k), [_short(c) for c in matrix.columns], rotation=60, ha="right", fontsize=8)
+    ax.set_yticks(range(k), labels, fontsize=8)
+    ax.set_xlabel("j (answers right)")
+    ax.set_ylabel("i (fails)" + (" — accuracy %" if accuracy is not None else ""))
+    if k <= 20:
+        for i in range(k):
+            for j in range(k):
+                v = matrix.iat[i, j] * 100
+                ax.text(j, i, "" if i == j else f"{v:.0f}", ha="center", va="center", fontsize=7,
+                        color="white" if v > 60 else "black")
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="RWR(i→j) %")
+    ax.set_title(title, fontsize=10)
+    return _png(fig)
+
+
+def error_share_bars(shares: pd.DataFrame, order: list[str]) -> bytes:
+    """Stacked bars of error-class shares per cell, with 95% bootstrap CIs as error bars."""
+    classes = list(SHARE_COLORS)
+    k = len(order)
+    fig, ax = plt.subplots(figsize=(max(5, 0.8 * k + 3), 4.5))
+    bottom = np.zeros(k)
+    for cls in classes:
+        s = shares[shares["error_type"] == cls].set_index("cell").reindex(order)
+        vals = s["share"].fillna(0).to_numpy() * 100
+        err = np.vstack([vals - s["lo"].fillna(0).to_numpy() * 100, s["hi"].fillna(0).to_numpy() * 100 - vals])
+        ax.bar(range(k), vals, bottom=bottom, color=SHARE_COLORS[cls], label=cls.replace("_", " "))
+        ax.errorbar(np.arange(k), bottom + vals, yerr=np.clip(err, 0, None), fmt="none", ecolor="black",
+                    elinewidth=0.7, capsize=2)
+        bottom += vals
+    ax.set_xticks(range(k), [_short(c) for c in order], rotation=45, ha="right", fontsize=8)
+    ax.set_ylabel("% of questions (95% bootstrap CI)")
+    ax.set_ylim(0, 105)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    ax.set_title("Error decomposition per cell (seed 002; abstentions as their own class)", fontsize=10)
+    return _png(fig)
