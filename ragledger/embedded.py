@@ -56,7 +56,9 @@ def embedded_server(
         "--port", str(port),
         "--n_ctx", str(context_window),
         "--n_threads", str(os.cpu_count() or 2),
-        "--logits_all", "false",
+        # logits_all: without it llama.cpp refuses logprobs (HTTP 500), which REFEED's ensemble needs;
+        # measured here, calls without logprobs were not slower with it on (see README, Readers)
+        "--logits_all", "true",
     ]  # fmt: skip
     log_dir = log_dir or Path(".ragledger/logs")
     log_dir.mkdir(parents=True, exist_ok=True)

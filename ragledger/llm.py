@@ -127,6 +127,8 @@ class LLMClient:
                     seed=req.seed + req.sample_index,
                     n=1,
                     logprobs=req.logprobs or None,
+                    # llama.cpp's server returns token logprobs only when top_logprobs is set
+                    top_logprobs=1 if req.logprobs else None,
                 )
                 if not result.choices or result.choices[0].message is None:
                     raise _Retryable("response has no choices")
