@@ -34,6 +34,7 @@ def test_cot_prompts_one_call_numbered_context_final_answer(name, marker):
     assert calls[0].prompt.endswith("Rationale: Let's think step by step.")
     out = "Source 1 says the Broncos won.\nAnswer: Denver Broncos"
     answer, status = parse_output(out, "final_answer")
+    assert status == "ok"
     d = get_reader(name).decide(ITEM, [gen(1, "answer", answer, output=out)])
     assert d.chosen == "Denver Broncos" and d.method == "single"
     sampled = get_reader(name).plan(1, ITEM, [], ReaderSettings(samples=3))
@@ -60,7 +61,7 @@ def test_concat_pf_falls_back_to_post_fusion_only_when_unknown():
 def test_pf_concat_drops_unknown_passages_and_passes_candidates():
     r = get_reader("pf_concat")
     assert len(r.plan(1, ITEM, [], ReaderSettings())) == 3
-    hist = [gen(1, "answer", "Denver Broncos", ["p1"]), gen(1, "answer", "unknown", ["p2"]), gen(1, "answer", "the Broncos", ["p3"])]
+    hist = [gen(1, "answer", a, [p]) for a, p in (("Denver Broncos", "p1"), ("unknown", "p2"), ("the Broncos", "p3"))]
     (call,) = r.plan(2, ITEM, hist, ReaderSettings())
     assert call.passage_ids == ("p1", "p3") and "Panthers" not in call.prompt
     assert "Candidate answers:\n- Denver Broncos\n- the Broncos\nQuestion:" in call.prompt
@@ -106,7 +107,8 @@ def test_sure_makes_seven_calls_and_decides_by_v_plus_r_with_ties_to_first():
     assert 1 + len(summaries) + len(third) == 7
 
     def decide(v1, v2, rank1, rank2, s1="ok", s2="ok"):
-        h = [*hist, gen(3, "validity", v1), gen(3, "validity", v2), gen(3, "rank", rank1, status=s1), gen(3, "rank", rank2, status=s2)]
+        h = [*hist, gen(3, "validity", v1), gen(3, "validity", v2)]
+        h += [gen(3, "rank", rank1, status=s1), gen(3, "rank", rank2, status=s2)]
         return r.decide(ITEM, h)
 
     d = decide("False", "True", "2", "1")  # s2 valid and preferred in both orders
@@ -164,7 +166,8 @@ def test_refeed_retrieves_with_question_plus_answer_and_refines():
     (refine,) = r.plan(2, ITEM, hist, ReaderSettings(retrieve=retrieve, feedback_k=10))
     assert queries == [("Who won Super Bowl 50? Carolina Panthers", 10)]
     assert refine.passage_ids == ("f1", "f2") and refine.logprobs
-    assert "Passage: Feedback doc one." in refine.prompt and "Initial answer (before reading the passages): Carolina Panthers" in refine.prompt
+    assert "Passage: Feedback doc one." in refine.prompt
+    assert "Initial answer (before reading the passages): Carolina Panthers" in refine.prompt
     assert r.plan(2, ITEM, hist, ReaderSettings()) == []  # closed-book cell: no retriever, no refinement
 
     keep_initial = r.decide(ITEM, [*hist, gen(2, "refine", "Denver Broncos", lp=-0.9)])
