@@ -122,6 +122,28 @@ class ExperimentSpec(_Strict):
             raise ValueError("duplicate retriever names")
         return names
 
+    @field_validator("readers", mode="before")
+    @classmethod
+    def _reader_shapes(cls, entries: object) -> object:
+        """One clear message per bad entry, instead of pydantic's per-union-member errors."""
+        if not isinstance(entries, list):
+            return entries
+        out = []
+        for i, e in enumerate(entries):
+            if isinstance(e, str | ReaderEntry):
+                out.append(e)
+            elif isinstance(e, dict):
+                try:
+                    out.append(ReaderEntry.model_validate(e))
+                except ValidationError as exc:
+                    err = exc.errors()[0]
+                    where = ".".join(str(p) for p in err["loc"])
+                    msg = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
+                    raise ValueError(f"readers[{i}].{where}: {msg}") from None
+            else:
+                raise ValueError(f"readers[{i}]: expected a reader name or a mapping {{name: ..., samples: ...}}, got {e!r}")
+        return out
+
     @field_validator("readers")
     @classmethod
     def _known_readers(cls, entries: list[str | ReaderEntry]) -> list[str | ReaderEntry]:

@@ -200,6 +200,10 @@ def test_reader_entries_accept_names_and_settings():
         parse_spec({"name": "t", "retrievers": ["bm25@5"], "readers": ["sure", {"name": "sure"}]})
     with pytest.raises(SpecError, match="samples"):
         parse_spec({"name": "t", "retrievers": ["bm25@5"], "readers": [{"name": "sure", "samples": 0}]})
+    with pytest.raises(SpecError, match=r"readers\[0\]\.colour: unknown field"):
+        parse_spec({"name": "t", "retrievers": ["bm25@5"], "readers": [{"name": "sure", "colour": "red"}]})
+    with pytest.raises(SpecError, match=r"readers\[1\]: expected a reader name or a mapping"):
+        parse_spec({"name": "t", "retrievers": ["bm25@5"], "readers": ["sure", 3]})
     with pytest.raises(SpecError, match="unknown reader strategy 'nope'"):
         parse_spec({"name": "t", "retrievers": ["bm25@5"], "readers": [{"name": "nope"}]})
 
