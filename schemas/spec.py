@@ -79,7 +79,7 @@ class ReaderEntry(_Strict):
     samples: int = Field(1, ge=1, le=64, description="self-consistency: p samples per call (seed 001 §5.3)")
     sample_temperature: float = Field(0.7, ge=0, le=2, description="temperature of the p samples")
     feedback_k: int | None = Field(None, gt=0, le=100, description="REFEED: documents retrieved with question+answer; "
-                                   "default: the cell retriever's k")
+                                   "default 10 (seed 003)")
     label: str | None = Field(None, min_length=1, pattern=r"^[^·]+$", description="cell label; default derived from the settings")
 
     def settings_dict(self) -> dict:

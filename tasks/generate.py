@@ -64,9 +64,7 @@ def feedback_retrieval(spec: ExperimentSpec, retriever_name: str, store_root: st
 
     def retrieve(text: str, k: int | None = None) -> list[Passage]:
         r = base
-        if k is not None and k != getattr(base, "k", k):
-            if not hasattr(base, "k"):
-                raise ValueError(f"retriever {retriever_name!r} has no k to override with feedback_k={k}")
+        if k is not None and hasattr(base, "k") and k != base.k:  # a retriever without a k keeps its own depth
             r = copy.copy(base)
             r.k = k
         hits = r.retrieve([Query("feedback", text)]).get("feedback", [])

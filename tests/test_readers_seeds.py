@@ -169,6 +169,8 @@ def test_refeed_retrieves_with_question_plus_answer_and_refines():
     assert "Passage: Feedback doc one." in refine.prompt
     assert "Initial answer (before reading the passages): Carolina Panthers" in refine.prompt
     assert r.plan(2, ITEM, hist, ReaderSettings()) == []  # closed-book cell: no retriever, no refinement
+    r.plan(2, ITEM, hist, ReaderSettings(retrieve=retrieve))
+    assert queries[-1][1] == 10  # the paper's k by default
 
     keep_initial = r.decide(ITEM, [*hist, gen(2, "refine", "Denver Broncos", lp=-0.9)])
     assert keep_initial.chosen == "Carolina Panthers" and keep_initial.method == "refeed-logprob"

@@ -2,7 +2,7 @@
 
 Round 1 (STEP-1): a closed-book answer, greedy, with the Table 10 prompt.
 Round 2 (STEP-2, STEP-3): retrieve with "question + initial answer" through the cell's retriever
-(`ReaderSettings.retrieve`; k = `feedback_k`, default the retriever's k) and refine the answer with the
+(`ReaderSettings.retrieve`; k = `feedback_k`, default 10 as in the paper) and refine the answer with the
 Table 11 prompt, given the documents and the initial answer.
 Decision (MODULE-2, `refeed`): keep the initial answer when its mean token log-probability is higher
 than the refined answer's, else the refined one. Without log-probabilities from the backend the refined
@@ -29,6 +29,7 @@ from tasks.readers.base import (
 )
 
 PROMPT_VERSION = "003-table10-11-v1"
+FEEDBACK_K = 10  # seed 003 §3.2.2: "k = 10 for fair comparisons with baselines"
 
 # Tables 10-11: the paper uses the first 64 QA pairs of NQ train; the extracted text prints five.
 SHOTS = """Question: total number of death row inmates in the us? The answer is 2,718
@@ -81,7 +82,7 @@ class Refeed(Reader):
         if initial is None or settings.retrieve is None:
             return []  # closed-book cell: nothing to retrieve with
         query = f"{item.question} {initial.parsed_answer}".strip()
-        passages = settings.retrieve(query, settings.feedback_k)
+        passages = settings.retrieve(query, settings.feedback_k or FEEDBACK_K)
         if not passages:
             return []
         initial_answer = initial.parsed_answer or "unknown"
