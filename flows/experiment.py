@@ -216,7 +216,9 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
             if spec.model.backend == "embedded":
                 from ragledger.embedded import embedded_server
 
-                endpoint = stack.enter_context(embedded_server(spec.model.embedded_model, spec.model.context_window))
+                logprobs = any(get_reader(e.name).needs_logprobs for e in entries.values())
+                endpoint = stack.enter_context(embedded_server(spec.model.embedded_model, spec.model.context_window,
+                                                               logits_all=logprobs))
             else:
                 endpoint = spec.model.base_url
         progress.set_total("generate", len(gen_keys))

@@ -73,6 +73,7 @@ class Refeed(Reader):
     name = "refeed"
     prompt_version = PROMPT_VERSION
     rounds = 2
+    needs_logprobs = True
 
     def plan(self, round_no: int, item: ReaderInput, history: list[Generation], settings: ReaderSettings) -> list[Call]:
         if round_no == 1:  # greedy, closed book
