@@ -85,6 +85,8 @@ def test_pf_concat_drops_unknown_passages_and_passes_candidates():
     ("", []),
     ("(a) , (b) ", []),
     ("(a) unknown (b) Paris", ["Paris"]),
+    ("(2000)", ["2000"]),  # seen from the 0.5B model
+    ("(Percy Shelley)", ["Percy Shelley"]),
     ("Sorry, I cannot determine the answer from the passages.", []),
 ])  # fmt: skip
 def test_sure_candidate_parser_is_robust(output, expected):

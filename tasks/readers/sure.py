@@ -109,6 +109,8 @@ _LINE_MARK = re.compile(r"(?m)^\s*(?:[-*•]|\(?[a-eA-E1-5][).:])\s*")
 def _clean_candidate(s: str) -> str:
     s = clean_answer(s.strip().strip(",;").strip())
     s = re.sub(r"\s*\[DONE\]\s*$", "", s).strip(" ,;.")
+    if s.startswith("(") and s.endswith(")") and s.count("(") == 1:  # "(2000)": the whole candidate in brackets
+        s = s[1:-1].strip()
     return s
 
 
