@@ -144,14 +144,14 @@ def test_every_seed_strategy_through_the_flow(workspace, prefect_harness):
     assert first["cells"]["bm25@2 · refeed · scripted"]["nm_pct"] == pytest.approx(100 / 3, abs=0.01)
 
     # Pruning / Summary prompts: the CoT answer after "Answer:"; self-consistency settings from the spec
-    pf2 = gens[gens.strategy == "post_fusion[samples=2]"]
+    pf2 = gens[gens.strategy == "post_fusion(samples=2)"]
     assert len(pf2) == 2 * 6 and set(pf2.sample_index) == {0, 1}
     sampled = [r for r in server.requests if r.get("temperature") == 0.7]
     assert len(sampled) == 12
     for name in ("pruning", "summary"):
         assert set(gens[gens.strategy == name]["parse_status"]) == {"ok"}
         assert outcomes.loc[(name, "q1"), "prediction"] == "Denver Broncos"
-    assert {c.split(" · ")[1] for c in first["cells"]} == {r if isinstance(r, str) else "post_fusion[samples=2]" for r in READERS}
+    assert {c.split(" · ")[1] for c in first["cells"]} == {r if isinstance(r, str) else "post_fusion(samples=2)" for r in READERS}
 
 
 def test_refeed_without_logprobs_falls_back_to_refined(workspace, prefect_harness):

@@ -196,8 +196,8 @@ def test_reader_entries_accept_names_and_settings():
     spec = parse_spec({"name": "t", "retrievers": ["bm25@5"], "readers": ["post_fusion", {"name": "post_fusion", "samples": 3},
                                                                          {"name": "refeed", "feedback_k": 10}]})
     keys = [e.key for e in spec.reader_entries()]
-    assert keys == ["post_fusion", "post_fusion[samples=3]", "refeed[feedback_k=10]"]
-    s = settings_for(spec.reader_entry("post_fusion[samples=3]"))
+    assert keys == ["post_fusion", "post_fusion(samples=3)", "refeed(feedback_k=10)"]
+    s = settings_for(spec.reader_entry("post_fusion(samples=3)"))
     assert s.samples == 3 and s.sample_temperature == 0.7
     assert spec.spec_hash() != parse_spec({"name": "t", "retrievers": ["bm25@5"], "readers": ["post_fusion"]}).spec_hash()
     with pytest.raises(SpecError, match="duplicate reader entries"):
