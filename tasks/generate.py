@@ -60,9 +60,8 @@ def feedback_retrieval(spec: ExperimentSpec, retriever_name: str, store_root: st
 
     from tasks.retrievers import Query
 
-    base = retriever_for(spec, retriever_name, store_root)
-
     def retrieve(text: str, k: int | None = None) -> list[Passage]:
+        base = retriever_for(spec, retriever_name, store_root)  # opened on first use (memoised per process)
         r = base
         if k is not None and hasattr(base, "k") and k != base.k:  # a retriever without a k keeps its own depth
             r = copy.copy(base)

@@ -83,7 +83,7 @@ class Reader(ABC):
     prompt_version: str  # enters the generate cache keys: a prompt change re-runs generation
     vote_version: str = "1"  # enters the vote cache keys only: a new decision rule re-runs no model call
     rounds: int = 1
-    needs_logprobs: bool = False  # the embedded server then keeps all logits (more memory)
+    needs_logprobs: bool = False  # the embedded server then keeps all logits (slower prompts, more memory)
 
     @abstractmethod
     def plan(self, round_no: int, item: ReaderInput, history: list[Generation], settings: ReaderSettings) -> list[Call]:
