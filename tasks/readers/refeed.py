@@ -71,7 +71,7 @@ def documents(passages) -> str:
 
 class Refeed(Reader):
     name = "refeed"
-    prompt_version = PROMPT_VERSION
+    prompt_version = f"{PROMPT_VERSION}+k{FEEDBACK_K}"  # the default feedback depth changes the calls too
     rounds = 2
     needs_logprobs = True
 

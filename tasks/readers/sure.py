@@ -30,7 +30,7 @@ from tasks.readers.base import (
     register_parser,
 )
 
-PROMPT_VERSION = "004-listings1-5-v1"
+PROMPT_VERSION = "004-listings1-5-v2"  # v2: candidate parser unwraps "(xx)"
 K = 2
 
 CANDIDATES_USER = """Below are {n} passages related to the question at the end. After reading the passages, provide two correct candidates for the answer to the question at the end. Each answer should be in the form: (a) xx, (b) yy, and should not exceed 3 words for each candidate.
