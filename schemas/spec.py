@@ -80,7 +80,8 @@ class ReaderEntry(_Strict):
     sample_temperature: float = Field(0.7, ge=0, le=2, description="temperature of the p samples")
     feedback_k: int | None = Field(None, gt=0, le=100, description="REFEED: documents retrieved with question+answer; "
                                    "default 10 (seed 003)")
-    label: str | None = Field(None, min_length=1, pattern=r"^[^·\[\]]+$", description="cell label; default derived from the settings")
+    label: str | None = Field(None, min_length=1, pattern=r"^[^·\[\]]+$",
+                              description="cell label; default derived from the settings")
 
     def settings_dict(self) -> dict:
         """The settings that change model calls (they enter the generate cache keys)."""
