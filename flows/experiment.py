@@ -109,7 +109,7 @@ def log_to_mlflow(spec_dict: dict, summary_dict: dict, cell_segments: dict[str, 
     for key in ("dataset", "corpus", "model", "execution"):
         flatten(key, shown[key], params)
     params["retrievers"] = ",".join(spec.retrievers)
-    params["readers"] = ",".join(spec.readers)
+    params["readers"] = ",".join(e.key for e in spec.reader_entries())
     logger.log(parent, params=params, metrics={**run_stats, "questions": summary_dict["questions"]})
     logger.log_spec(parent, shown)
     cell_runs = {}
@@ -170,7 +170,9 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
     for r in spec.retrievers:  # build or open indexes once, before shards fan out
         retriever_for(spec, r, store_root)
 
-    cells = [CellPlan(r, s, spec.model.display_name, get_reader(s).rounds) for r in spec.retrievers for s in spec.readers]
+    entries = {e.key: e for e in spec.reader_entries()}  # cell strategy label -> reader name and settings
+    cells = [CellPlan(r, k, spec.model.display_name, get_reader(e.name).rounds)
+             for r in spec.retrievers for k, e in entries.items()]
     counters = {"llm_calls": 0, "cache_hits": 0, "retries": 0}
     tasks_total = tasks_cached = 0
 
@@ -202,11 +204,13 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
     model_key = stable_hash(model_identity(spec))
     gen_keys: dict[tuple[str, str, int], str] = {}
     for c in cells:
-        reader = get_reader(c.strategy)
+        entry = entries[c.strategy]
+        reader = get_reader(entry.name)
+        settings = () if entry.is_default else (entry.settings_dict(),)  # plain names keep their keys
         for sid in shard_ids:
             upstream = retrieve_params[(c.retriever, sid)]["stage_key"]
             for rnd in range(1, c.rounds + 1):
-                upstream = stable_hash("generate", upstream, c.strategy, reader.prompt_version, model_key, rnd)
+                upstream = stable_hash("generate", upstream, c.strategy, reader.prompt_version, model_key, rnd, *settings)
                 gen_keys[(c.name, sid, rnd)] = upstream
     result_store = get_result_store()
     must_generate = not all(result_store.exists(k) for k in gen_keys.values())
@@ -217,7 +221,9 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
             if spec.model.backend == "embedded":
                 from ragledger.embedded import embedded_server
 
-                endpoint = stack.enter_context(embedded_server(spec.model.embedded_model, spec.model.context_window))
+                logprobs = any(get_reader(e.name).needs_logprobs for e in entries.values())
+                endpoint = stack.enter_context(embedded_server(spec.model.embedded_model, spec.model.context_window,
+                                                               logits_all=logprobs))
             else:
                 endpoint = spec.model.base_url
         progress.set_total("generate", len(gen_keys))
@@ -249,7 +255,7 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
     for c in cells:
         for sid, s in zip(shard_ids, shards, strict=True):
             last_gen = gen_keys[(c.name, sid, c.rounds)]
-            vkey = stable_hash("vote", last_gen, get_reader(c.strategy).vote_version)
+            vkey = stable_hash("vote", last_gen, get_reader(entries[c.strategy].name).vote_version)
             vote_params.append(dict(
                 spec_dict=spec_dict, store_root=store_root, questions_segment=q_segment, retriever_name=c.retriever,
                 strategy=c.strategy, qids=s, retrieval_segments=[retrieved[(c.retriever, sid)].segment],

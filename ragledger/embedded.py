@@ -39,9 +39,13 @@ def llama_server_available() -> bool:
 
 @contextlib.contextmanager
 def embedded_server(
-    model_name: str, context_window: int = 4096, log_dir: Path | None = None, log=print
+    model_name: str, context_window: int = 4096, log_dir: Path | None = None, log=print, logits_all: bool = False
 ) -> Iterator[str]:
-    """Run the embedded server for the duration of the block; yield its base_url."""
+    """Run the embedded server for the duration of the block; yield its base_url.
+
+    `logits_all` makes llama.cpp keep every position's logits, which it needs to return token
+    log-probabilities (REFEED's ensemble); it costs memory (a context x vocabulary float buffer), so it
+    is on only when a strategy of the run asks for log-probabilities."""
     if not llama_server_available():
         raise EmbeddedServerError(
             "the embedded backend needs llama-cpp-python[server]; run `bash infra/setup.sh` (README, command 1)"
@@ -56,7 +60,7 @@ def embedded_server(
         "--port", str(port),
         "--n_ctx", str(context_window),
         "--n_threads", str(os.cpu_count() or 2),
-        "--logits_all", "false",
+        "--logits_all", "true" if logits_all else "false",  # without it llama.cpp refuses logprobs (HTTP 500)
     ]  # fmt: skip
     log_dir = log_dir or Path(".ragledger/logs")
     log_dir.mkdir(parents=True, exist_ok=True)

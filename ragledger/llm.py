@@ -14,7 +14,7 @@ import random
 import threading
 import time
 from collections.abc import Coroutine
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, TypeVar
 
 import openai
@@ -99,9 +99,32 @@ class LLMClient:
             if hit is not None:
                 self.counters.cache_hits += 1
                 return LLMResponse(**{**hit, "from_cache": True})
-        client, semaphore = self._shared()
-        async with semaphore:
-            response = await self._call_with_retries(client, req)
+        # an identical request already in flight (strategies sharing calls in the same round, e.g.
+        # concat_pf's round 1 and concatenation) waits for that one instead of calling the model again
+        loop = asyncio.get_running_loop()
+        slot = (id(loop), key)
+        pending = _INFLIGHT.get(slot)
+        if pending is not None:
+            shared = await asyncio.shield(pending)
+            self.counters.cache_hits += 1
+            return replace(shared, from_cache=True, retries=0)
+        future: asyncio.Future[LLMResponse] = loop.create_future()
+        _INFLIGHT[slot] = future
+        try:
+            client, semaphore = self._shared()
+            async with semaphore:
+                response = await self._call_with_retries(client, req)
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved here: waiters re-raise it, and no "never retrieved" warning
+            raise
+        else:
+            future.set_result(response)
+        finally:
+            _INFLIGHT.pop(slot, None)
         self.counters.calls += 1
         self.counters.retries += response.retries
         self.counters.tokens_in += response.tokens_in
@@ -127,6 +150,8 @@ class LLMClient:
                     seed=req.seed + req.sample_index,
                     n=1,
                     logprobs=req.logprobs or None,
+                    # llama.cpp's server returns token logprobs only when top_logprobs is set
+                    top_logprobs=1 if req.logprobs else None,
                 )
                 if not result.choices or result.choices[0].message is None:
                     raise _Retryable("response has no choices")
@@ -171,6 +196,7 @@ class LLMClient:
 # connection pool and one concurrency bound per endpoint (the embedded server answers one request
 # at a time; a vLLM server wants a steady, bounded stream).
 _SHARED: dict[tuple, tuple[openai.AsyncOpenAI, asyncio.Semaphore]] = {}
+_INFLIGHT: dict[tuple[int, str], asyncio.Future] = {}  # (event loop, call cache key) -> its pending response
 _engine_loop: asyncio.AbstractEventLoop | None = None
 _engine_lock = threading.Lock()
 

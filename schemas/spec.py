@@ -72,13 +72,42 @@ class TrackingSpec(_Strict):
     mlflow_experiment: str | None = Field(None, description="MLflow experiment name; default: spec name")
 
 
+class ReaderEntry(_Strict):
+    """A reader with settings; a plain string in `readers` is a ReaderEntry with the defaults."""
+
+    name: str = Field(..., description="a registered reader strategy (tasks/readers READERS)")
+    samples: int = Field(1, ge=1, le=64, description="self-consistency: p samples per call (seed 001 §5.3)")
+    sample_temperature: float = Field(0.7, ge=0, le=2, description="temperature of the p samples")
+    feedback_k: int | None = Field(None, gt=0, le=100, description="REFEED: documents retrieved with question+answer; "
+                                   "default 10 (seed 003)")
+    label: str | None = Field(None, min_length=1, pattern=r"^[^·\[\]]+$",
+                              description="cell label; default derived from the settings")
+
+    def settings_dict(self) -> dict:
+        """The settings that change model calls (they enter the generate cache keys)."""
+        return self.model_dump(exclude={"name", "label"})
+
+    @property
+    def is_default(self) -> bool:
+        return self.settings_dict() == ReaderEntry(name=self.name).settings_dict()
+
+    @property
+    def key(self) -> str:
+        """The strategy label used in cells and records: the name, plus any non-default setting."""
+        if self.label:
+            return self.label
+        default = ReaderEntry(name=self.name).settings_dict()
+        diff = [f"{k}={v}" for k, v in self.settings_dict().items() if v != default[k]]
+        return f"{self.name}({','.join(diff)})" if diff else self.name  # no [ ]: rich reads them as markup
+
+
 class ExperimentSpec(_Strict):
     name: str = Field(..., min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")
     description: str = ""
     dataset: DatasetSpec = DatasetSpec()
     corpus: CorpusSpec = CorpusSpec()
     retrievers: list[str] = Field(..., min_length=1)
-    readers: list[str] = Field(..., min_length=1)
+    readers: list[str | ReaderEntry] = Field(..., min_length=1)
     model: ModelSpec = ModelSpec()
     execution: ExecutionSpec = ExecutionSpec()
     tracking: TrackingSpec = TrackingSpec()
@@ -94,17 +123,51 @@ class ExperimentSpec(_Strict):
             raise ValueError("duplicate retriever names")
         return names
 
+    @field_validator("readers", mode="before")
+    @classmethod
+    def _reader_shapes(cls, entries: object) -> object:
+        """One clear message per bad entry, instead of pydantic's per-union-member errors."""
+        if not isinstance(entries, list):
+            return entries
+        out = []
+        for i, e in enumerate(entries):
+            if isinstance(e, str | ReaderEntry):
+                out.append(e)
+            elif isinstance(e, dict):
+                try:
+                    out.append(ReaderEntry.model_validate(e))
+                except ValidationError as exc:
+                    err = exc.errors()[0]
+                    where = ".".join(str(p) for p in err["loc"])
+                    msg = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
+                    raise ValueError(f"readers[{i}].{where}: {msg}") from None
+            else:
+                raise ValueError(f"readers[{i}]: expected a reader name or a mapping {{name: ..., samples: ...}}, got {e!r}")
+        return out
+
     @field_validator("readers")
     @classmethod
-    def _known_readers(cls, names: list[str]) -> list[str]:
+    def _known_readers(cls, entries: list[str | ReaderEntry]) -> list[str | ReaderEntry]:
         from tasks.readers import READERS
 
-        for name in names:
+        for e in entries:
+            name = e if isinstance(e, str) else e.name
             if name not in READERS:
                 raise ValueError(f"unknown reader strategy {name!r}; known: {', '.join(sorted(READERS))}")
-        if len(set(names)) != len(names):
-            raise ValueError("duplicate reader names")
-        return names
+        keys = [e if isinstance(e, str) else e.key for e in entries]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"duplicate reader entries: {sorted(k for k in set(keys) if keys.count(k) > 1)}")
+        return entries
+
+    def reader_entries(self) -> list[ReaderEntry]:
+        return [ReaderEntry(name=e) if isinstance(e, str) else e for e in self.readers]
+
+    def reader_entry(self, key: str) -> ReaderEntry:
+        """The reader entry whose label (`ReaderEntry.key`) is `key`."""
+        for e in self.reader_entries():
+            if e.key == key:
+                return e
+        raise ValueError(f"no reader {key!r} in the spec; readers: {[e.key for e in self.reader_entries()]}")
 
     def spec_hash(self) -> str:
         """Hash of everything that determines results (tracking locations excluded)."""

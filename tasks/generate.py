@@ -16,17 +16,18 @@ from ragledger import progress
 from ragledger.crash import crashpoint
 from ragledger.llm import LLMClient, LLMRequest, LLMResponse, run_on_engine
 from schemas.spec import ExperimentSpec
-from tasks.context import StageResult, cell_name, llm_client_for, read_questions, spec_from, store_from
-from tasks.readers import get_reader
-from tasks.readers.base import Call, Generation, Passage, Reader, ReaderInput, ReaderSettings, parse_output
+from tasks.context import StageResult, cell_name, llm_client_for, read_questions, retriever_for, spec_from, store_from
+from tasks.readers import get_reader, settings_for
+from tasks.readers.base import Call, Generation, Passage, Reader, ReaderInput, parse_output
 from tasks.retrieve import passages_by_question
 from tracking.events import EventStore, event_id, new_events, stable_hash
 
 
 def reader_inputs(questions: pd.DataFrame, retrievals: pd.DataFrame) -> list[ReaderInput]:
     by_q = passages_by_question(retrievals)
+    titles = dict(zip(retrievals["pid"], retrievals["title"], strict=True)) if "title" in retrievals else {}
     return [
-        ReaderInput(r.qid, r.question, tuple(Passage(pid, text) for pid, text in by_q.get(r.qid, [])))
+        ReaderInput(r.qid, r.question, tuple(Passage(pid, text, titles.get(pid, "")) for pid, text in by_q.get(r.qid, [])))
         for r in questions.itertuples()
     ]
 
@@ -49,6 +50,27 @@ def history_by_question(generations: pd.DataFrame) -> dict[str, list[Generation]
             )
         )
     return out
+
+
+def feedback_retrieval(spec: ExperimentSpec, retriever_name: str, store_root: str):
+    """The cell's retriever as a query -> passages callable, for strategies that retrieve again with a
+    rewritten query (REFEED). Deterministic for a fixed index, so plans stay reproducible."""
+    if retriever_name == "none":
+        return None
+    import copy
+
+    from tasks.retrievers import Query
+
+    def retrieve(text: str, k: int | None = None) -> list[Passage]:
+        base = retriever_for(spec, retriever_name, store_root)  # opened on first use (memoised per process)
+        r = base
+        if k is not None and hasattr(base, "k") and k != base.k:  # a retriever without a k keeps its own depth
+            r = copy.copy(base)
+            r.k = k
+        hits = r.retrieve([Query("feedback", text)]).get("feedback", [])
+        return [Passage(h.pid, h.text) for h in hits]
+
+    return retrieve
 
 
 def to_request(call: Call, spec: ExperimentSpec) -> LLMRequest:
@@ -74,10 +96,12 @@ def generation_rows(
     planned: list[tuple[str, int, Call, LLMRequest]],
     responses: list[LLMResponse],
     client: LLMClient,
+    strategy: str | None = None,
 ) -> list[dict[str, Any]]:
     rows = []
     model = spec.model.display_name
-    cell = cell_name(retriever_name, reader.name, model)
+    strategy = strategy or reader.name  # the spec's label (name plus non-default settings)
+    cell = cell_name(retriever_name, strategy, model)
     for (qid, call_index, call, req), resp in zip(planned, responses, strict=True):
         answer, status = parse_output(resp.text, call.parser)
         call_id = client.cache_key(req)
@@ -87,7 +111,7 @@ def generation_rows(
                 "cell": cell,
                 "qid": qid,
                 "retriever": retriever_name,
-                "strategy": reader.name,
+                "strategy": strategy,
                 "round": round_no,
                 "role": call.role,
                 "call_index": call_index,
@@ -128,12 +152,13 @@ def run_generate_round(
 ) -> StageResult:
     spec = spec_from(spec_dict)
     store: EventStore = store_from(store_root)
-    reader = get_reader(strategy)
+    entry = spec.reader_entry(strategy)
+    reader = get_reader(entry.name)
     questions = read_questions(store, questions_segment, qids)
     retrievals = store.read("retrievals", paths=[p for p in retrieval_segments if p])
     retrievals = retrievals[retrievals["qid"].isin(qids)]
     history = history_by_question(store.read("generations", paths=[p for p in previous_segments if p]))
-    settings = ReaderSettings()
+    settings = settings_for(entry, feedback_retrieval(spec, retriever_name, store_root))
     planned: list[tuple[str, int, Call, LLMRequest]] = []
     for item in reader_inputs(questions, retrievals):
         for i, call in enumerate(reader.plan(round_no, item, history.get(item.qid, []), settings)):
@@ -151,7 +176,7 @@ def run_generate_round(
         return await asyncio.gather(*(one(req) for _, _, _, req in planned))
 
     responses = run_on_engine(run_all()) if planned else []
-    rows = generation_rows(spec, reader, retriever_name, round_no, stage_key, planned, responses, client)
+    rows = generation_rows(spec, reader, retriever_name, round_no, stage_key, planned, responses, client, strategy)
     segment = store.write("generations", new_events("generations", spec.name, rows)) if rows else None
     c = client.counters
     counters = {"llm_calls": c.calls, "cache_hits": c.cache_hits, "retries": c.retries,

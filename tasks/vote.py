@@ -23,7 +23,7 @@ def run_vote(
 ) -> StageResult:
     spec = spec_from(spec_dict)
     store = store_from(store_root)
-    reader = get_reader(strategy)
+    reader = get_reader(spec.reader_entry(strategy).name)
     questions = read_questions(store, questions_segment, qids)
     retrievals = store.read("retrievals", paths=[p for p in retrieval_segments if p])
     history = history_by_question(store.read("generations", paths=[p for p in generation_segments if p]))

@@ -76,7 +76,12 @@ def test_flow_end_to_end_then_rerun_makes_no_calls(workspace, prefect_harness):
 
         retrieved = int(query(spec["tracking"]["store"], "SELECT count(*) AS n FROM retrievals")["n"][0])
         assert 5 <= retrieved <= 10
-        assert first["llm_calls"] == server.calls == 5 + 5 + retrieved
+        generations = int(query(spec["tracking"]["store"], "SELECT count(*) AS n FROM generations")["n"][0])
+        assert generations == 5 + 5 + retrieved
+        # identical requests (a question with one passage: its concatenation and post-fusion prompts are the
+        # same) reach the model once, even when they are in flight at the same time
+        distinct = int(query(spec["tracking"]["store"], "SELECT count(DISTINCT call_id) AS n FROM generations")["n"][0])
+        assert first["llm_calls"] == server.calls == distinct
         cells = first["cells"]
         assert set(cells) == {f"{r} · {s} · scripted" for r in ("bm25@2", "none") for s in ("concatenation", "post_fusion")}
         bm25_concat = cells["bm25@2 · concatenation · scripted"]

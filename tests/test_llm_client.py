@@ -99,3 +99,28 @@ def test_backend_down_fails_within_bounded_time():
     with pytest.raises(BackendError, match="APIConnectionError"):
         run_on_engine(c.complete(req()))
     assert time.perf_counter() - t < 10
+
+
+def test_identical_requests_in_flight_make_one_model_call(tmp_path):
+    """Strategies sharing a call in the same round (concat_pf round 1 = concatenation) call the model once."""
+    import asyncio
+
+    with ScriptedServer(answer=lambda s, p, b: "Paris", delay_s=0.2, logprob=-0.3) as server:
+        c = client(server, LLMCallCache(tmp_path / "c.sqlite"))
+
+        async def burst():
+            return await asyncio.gather(*(c.complete(req(logprobs=True)) for _ in range(4)), c.complete(req(prompt="other")))
+
+        results = run_on_engine(burst())
+        assert server.calls == 2 and c.counters.calls == 2 and c.counters.cache_hits == 3
+        assert [r.from_cache for r in results[:4]].count(False) == 1
+        assert {r.text for r in results} == {"Paris"} and [r.mean_logprob for r in results[:4]] == pytest.approx([-0.3] * 4)
+    with ScriptedServer(faults=Faults(http_500=1.0)) as down:  # a failure reaches every waiter, once
+        c = client(down, max_retries=1)
+
+        async def failing():
+            return await asyncio.gather(*(c.complete(req()) for _ in range(3)), return_exceptions=True)
+
+        errors = run_on_engine(failing())
+        assert all(isinstance(e, BackendError) for e in errors) and len(down.faults_injected) == 1
+        assert down.faults_injected["http_500"] == 2  # one request and its one retry, not three

@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
-from tasks.readers.base import Reader
+from tasks.readers.base import Reader, ReaderSettings
 from tasks.readers.concatenation import Concatenation
+from tasks.readers.cot_001 import PruningPrompt, SummaryPrompt
+from tasks.readers.fallback_001 import ConcatThenPF, PFThenConcat
 from tasks.readers.post_fusion import PostFusion
+from tasks.readers.refeed import Refeed, RefeedRefined
+from tasks.readers.sure import SuRe, SuReBase
 
 READERS: dict[str, type[Reader]] = {
     Concatenation.name: Concatenation,
     PostFusion.name: PostFusion,
+    PruningPrompt.name: PruningPrompt,
+    SummaryPrompt.name: SummaryPrompt,
+    ConcatThenPF.name: ConcatThenPF,
+    PFThenConcat.name: PFThenConcat,
+    Refeed.name: Refeed,
+    RefeedRefined.name: RefeedRefined,
+    SuRe.name: SuRe,
+    SuReBase.name: SuReBase,
 }
 
 
@@ -17,3 +29,9 @@ def get_reader(name: str) -> Reader:
         return READERS[name]()
     except KeyError:
         raise ValueError(f"unknown reader strategy {name!r}; known: {', '.join(sorted(READERS))}") from None
+
+
+def settings_for(entry, retrieve=None) -> ReaderSettings:
+    """ReaderSettings from a spec reader entry (schemas.spec.ReaderEntry)."""
+    return ReaderSettings(samples=entry.samples, sample_temperature=entry.sample_temperature,
+                          retrieve=retrieve, feedback_k=entry.feedback_k)

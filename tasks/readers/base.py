@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from ragledger.answers import is_unknown, normalize_answer
@@ -21,6 +21,7 @@ from ragledger.answers import is_unknown, normalize_answer
 class Passage:
     pid: str
     text: str  # exactly as the reader sees it
+    title: str = ""  # for prompts that show title and text apart (SuRe)
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,10 @@ class ReaderSettings:
     samples: int = 1  # self-consistency: p samples per call at `sample_temperature`
     sample_temperature: float = 0.7
     extra: Mapping[str, object] = field(default_factory=dict)
+    # REFEED-style feedback retrieval: (query text, k or None for the cell's k) -> passages, best
+    # first. Provided by the generate stage from the cell's retriever; None when there is none.
+    retrieve: Callable[[str, int | None], list[Passage]] | None = field(default=None, compare=False, repr=False)
+    feedback_k: int | None = None
 
 
 class Reader(ABC):
@@ -78,6 +83,7 @@ class Reader(ABC):
     prompt_version: str  # enters the generate cache keys: a prompt change re-runs generation
     vote_version: str = "1"  # enters the vote cache keys only: a new decision rule re-runs no model call
     rounds: int = 1
+    needs_logprobs: bool = False  # the embedded server then keeps all logits (slower prompts, more memory)
 
     @abstractmethod
     def plan(self, round_no: int, item: ReaderInput, history: list[Generation], settings: ReaderSettings) -> list[Call]:
@@ -131,7 +137,20 @@ def parse_output(output: str, parser: str = "short") -> tuple[str, str]:
         first = next((ln for ln in tail.splitlines() if ln.strip()), "")
         answer = clean_answer(first)
         return (answer, "ok") if answer else ("", "unparseable")
+    if parser in PARSERS:
+        try:
+            return PARSERS[parser](output)
+        except Exception:  # a strategy's parser must never crash the stage: the output is kept as-is
+            return "", "error"
     raise ValueError(f"unknown parser {parser!r}")
+
+
+# Strategy-specific parsers, registered by the strategy's module: output -> (answer, parse_status).
+PARSERS: dict[str, Callable[[str], tuple[str, str]]] = {}
+
+
+def register_parser(name: str, fn: Callable[[str], tuple[str, str]]) -> None:
+    PARSERS[name] = fn
 
 
 def majority_vote(answers: list[str]) -> Decision:

@@ -37,3 +37,78 @@ def majority_vote_or_single(answers: list[str]):
     if len(answers) == 1:
         return Decision("single", (answers[0],), (1.0,), answers[0] if answers[0] else "unknown")
     return majority_vote(answers)
+
+
+# ---- Fig. 8 (Pruning prompt) and Fig. 9 (Summary prompt): one-shot chain of thought --------------
+# The PDF extraction truncates a few lines of the demonstration (the ends of the long passage lines
+# and of the rationales); they are completed here with the shortest wording the visible text implies.
+# Source [4] of the demonstration is lost entirely in the extraction (Fig. 9's rationale cites
+# "Source 3 and Source 4"); it is reconstructed as a one-line passage stating the fact the rationale uses.
+COT_VERSION = "001-fig8-9-v1"
+
+_COT_HEADER = """Answer questions with short factoid answers.
+
+Question: Who produced the album that included a re-recording of "Lithium"? Answer: Butch Vig
+Question: What city was the victim of Joseph Druces working in? Answer: Boston, Massachusetts
+Question: In what year was the star of To Hell and Back born? Answer: 1925
+
+Follow the following format.
+
+Context: sources that may contain relevant content
+Question: the question to be answered
+Rationale: Let's think step by step. {rationale_format}
+Answer: a short factoid answer, often between 1 and 5 words. Make sure generate "Answer": in the end!
+If don't know the answer, just say unknown as answer.
+
+Context:
+[1] Peter Outerbridge: Peter Outerbridge (born June 30, 1966) is a Canadian actor.
+[2] Except the Dying: 2008. On March 3, 2015, Acorn Media announced a re-release for all three movies, set for May 26, 2015.
+[3] Saw VI: Saw VI is a 2009 American horror film directed by Kevin Greutert from a screenplay written by Patrick Melton \
+and Marcus Dunstan. It is the sixth installment in the "Saw" franchise and stars Tobin Bell.
+[4] William Easton: William Easton is a character of the "Saw" franchise, played by Peter Outerbridge in Saw VI.
+Question: Which 2009 movie does Peter Outerbridge feature as William Easton?
+Rationale: Let's think step by step. {rationale}
+Answer: Saw VI"""
+
+FIG8_SYSTEM = (
+    _COT_HEADER.replace("{rationale_format}", "a step-by-step deduction that identifies the correct response").replace(
+        "{rationale}",
+        "The question is asking for the 2009 movie that Peter Outerbridge was in as William Easton. We can use process of "
+        "pruning to figure this out. Source 1 doesn't contain the information. In source 2, it talks about a re-release, "
+        "which is not relevant. Source 3 talks about the sixth installment in the \"Saw\" franchise. This must be the movie "
+        "we are looking for.",
+    )
+)
+FIG9_SYSTEM = (
+    _COT_HEADER.replace("{rationale_format}", "a step-by-step summary that identifies the correct response").replace(
+        "{rationale}",
+        "The question requires information on the 2009 movie that Peter Outerbridge was in as William Easton. From the "
+        "sources, we can narrow down our focus to Source 3 and Source 4 that mention \"Saw VI\", a 2009 film in which "
+        "Peter Outerbridge starred. By summarizing these details, the movie from 2009 featuring Peter Outerbridge is "
+        "\"Saw VI\".",
+    )
+)
+COT_USER = """Context:
+{retrieved_topk_context}
+Question:
+{question}
+Rationale: Let's think step by step."""
+COT_MAX_TOKENS = 256  # room for the rationale before "Answer:"
+
+
+def numbered_context(passages) -> str:
+    """`[i] passage` lines, as in the demonstrations of Fig. 8-9."""
+    return "\n".join(f"[{i}] {p.text}" for i, p in enumerate(passages, 1))
+
+
+# ---- PF+Concat, round 2 (Concatenation as the Distiller, §3.3) -----------------------------------
+# The paper describes the input (the unfiltered passages, the question and the first round's answer
+# candidates) but prints no template; this is Fig. 7 with the candidates added before the question.
+DISTILL_VERSION = "001-distill-v1"
+DISTILL_USER = """Context:
+{retrieved_topk_context}
+Candidate answers:
+{candidates}
+Question:
+{question}
+Answer:"""

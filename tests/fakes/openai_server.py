@@ -42,6 +42,8 @@ class ScriptedServer:
     faults: Faults = field(default_factory=Faults)
     delay_s: float = 0.0
     logprob: float | None = -0.5
+    # per-request token logprob (system, prompt, answer text) -> value; overrides `logprob` when set
+    logprob_fn: Callable[[str, str, str], float | None] | None = None
     requests: list[dict] = field(default_factory=list)
     faults_injected: dict[str, int] = field(default_factory=dict)
 
@@ -106,11 +108,12 @@ class ScriptedServer:
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         text = self.answer(system, prompt, body)
+        logprob = self.logprob_fn(system, prompt, text) if self.logprob_fn is not None else self.logprob
         choices = [] if fault == "empty" else [{
             "index": 0, "finish_reason": "stop",
             "message": {"role": "assistant", "content": text},
-            "logprobs": ({"content": [{"token": t, "logprob": self.logprob, "bytes": None, "top_logprobs": []}
-                                      for t in text.split()]} if body.get("logprobs") and self.logprob is not None else None),
+            "logprobs": ({"content": [{"token": t, "logprob": logprob, "bytes": None, "top_logprobs": []}
+                                      for t in text.split()]} if body.get("logprobs") and logprob is not None else None),
         }]  # fmt: skip
         payload = {"id": "chatcmpl-scripted", "object": "chat.completion", "created": int(time.time()),
                    "model": body.get("model"),

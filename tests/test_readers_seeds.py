@@ -1,0 +1,232 @@
+"""The seed strategies as pure plan/decide functions: prompts, rounds, call counts, decision rules, parsers."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from schemas.spec import SpecError, parse_spec
+from tasks.readers import get_reader, settings_for
+from tasks.readers.base import Generation, Passage, ReaderInput, ReaderSettings, parse_output
+from tasks.readers.sure import parse_candidates
+
+ITEM = ReaderInput("q1", "Who won Super Bowl 50?", (
+    Passage("p1", "Broncos: The Denver Broncos won.", "Broncos"),
+    Passage("p2", "Panthers: The Carolina Panthers lost.", "Panthers"),
+    Passage("p3", "Weather: It rained.", "Weather"),
+))  # fmt: skip
+
+
+def gen(round_no, role, answer, pids=(), status="ok", output=None, lp=None, sample=0):
+    return Generation(round_no, role, sample, tuple(pids), answer if output is None else output, answer, status, lp)
+
+
+# ---- seed 001: Pruning / Summary prompts ----------------------------------------------------------
+
+@pytest.mark.parametrize(("name", "marker"), [("pruning", "process of pruning"), ("summary", "By summarizing these details")])
+def test_cot_prompts_one_call_numbered_context_final_answer(name, marker):
+    calls = get_reader(name).plan(1, ITEM, [], ReaderSettings())
+    assert len(calls) == 1 and calls[0].parser == "final_answer"
+    assert marker in calls[0].system and "If don't know the answer, just say unknown" in calls[0].system
+    assert "[1] Broncos: The Denver Broncos won.\n[2] Panthers" in calls[0].prompt
+    assert calls[0].prompt.endswith("Rationale: Let's think step by step.")
+    out = "Source 1 says the Broncos won.\nAnswer: Denver Broncos"
+    answer, status = parse_output(out, "final_answer")
+    assert status == "ok"
+    d = get_reader(name).decide(ITEM, [gen(1, "answer", answer, output=out)])
+    assert d.chosen == "Denver Broncos" and d.method == "single"
+    sampled = get_reader(name).plan(1, ITEM, [], ReaderSettings(samples=3))
+    assert [c.sample_index for c in sampled] == [0, 1, 2] and {c.temperature for c in sampled} == {0.7}
+
+
+# ---- seed 001: Concat+PF and PF+Concat ------------------------------------------------------------
+
+def test_concat_pf_falls_back_to_post_fusion_only_when_unknown():
+    r = get_reader("concat_pf")
+    assert len(r.plan(1, ITEM, [], ReaderSettings())) == 1
+    answered = [gen(1, "answer", "Denver Broncos", ["p1", "p2", "p3"])]
+    assert r.plan(2, ITEM, answered, ReaderSettings()) == []
+    assert r.decide(ITEM, answered).chosen == "Denver Broncos"
+    for unknown in ("unknown", ""):  # an unparseable/empty concat answer also falls back
+        hist = [gen(1, "answer", unknown, ["p1", "p2", "p3"])]
+        calls = r.plan(2, ITEM, hist, ReaderSettings())
+        assert [c.passage_ids for c in calls] == [("p1",), ("p2",), ("p3",)] and {c.role for c in calls} == {"fallback"}
+    hist += [gen(2, "fallback", a, [p]) for a, p in (("unknown", "p1"), ("Panthers", "p2"), ("Panthers", "p3"))]
+    d = r.decide(ITEM, hist)
+    assert d.chosen == "Panthers" and d.method == "fallback-majority" and d.candidates == ("unknown", "Panthers", "Panthers")
+
+
+def test_pf_concat_drops_unknown_passages_and_passes_candidates():
+    r = get_reader("pf_concat")
+    assert len(r.plan(1, ITEM, [], ReaderSettings())) == 3
+    hist = [gen(1, "answer", a, [p]) for a, p in (("Denver Broncos", "p1"), ("unknown", "p2"), ("the Broncos", "p3"))]
+    (call,) = r.plan(2, ITEM, hist, ReaderSettings())
+    assert call.passage_ids == ("p1", "p3") and "Panthers" not in call.prompt
+    assert "Candidate answers:\n- Denver Broncos\n- the Broncos\nQuestion:" in call.prompt
+    d = r.decide(ITEM, [*hist, gen(2, "distill", "Denver Broncos", ["p1", "p3"])])
+    assert d.method == "distill" and d.chosen == "Denver Broncos" and d.candidates == ("Denver Broncos", "unknown", "the Broncos")
+    all_unknown = [gen(1, "answer", "unknown", [p]) for p in ("p1", "p2", "p3")]
+    assert r.plan(2, ITEM, all_unknown, ReaderSettings()) == []  # nothing left to distil
+    assert r.decide(ITEM, all_unknown).chosen == "unknown"
+
+
+# ---- seed 004: SuRe -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("output", "expected"), [
+    ("(a) Denver Broncos, (b) Carolina Panthers", ["Denver Broncos", "Carolina Panthers"]),
+    ("Answer: (a) 1925 (b) 1926.", ["1925", "1926"]),
+    ("a) Paris\nb) Lyon", ["Paris", "Lyon"]),
+    ("1. Paris\n2. Lyon\n", ["Paris", "Lyon"]),
+    ("Paris or Lyon", ["Paris", "Lyon"]),
+    ("(a) Paris, (b) paris", ["Paris"]),
+    ("(a) Paris [DONE]", ["Paris"]),
+    ("", []),
+    ("(a) , (b) ", []),
+    ("(a) unknown (b) Paris", ["Paris"]),
+    ("(2000)", ["2000"]),  # seen from the 0.5B model
+    ("(Percy Shelley)", ["Percy Shelley"]),
+    ("Sorry, I cannot determine the answer from the passages.", []),
+])  # fmt: skip
+def test_sure_candidate_parser_is_robust(output, expected):
+    assert parse_candidates(output) == expected
+
+
+def test_sure_makes_seven_calls_and_decides_by_v_plus_r_with_ties_to_first():
+    r = get_reader("sure")
+    (c1,) = r.plan(1, ITEM, [], ReaderSettings())
+    assert "(a) xx, (b) yy" in c1.prompt and "Passage #1 Title: Broncos\nPassage #1 Text: The Denver Broncos won." in c1.prompt
+    hist = [gen(1, "candidates", "", output="(a) Carolina Panthers, (b) Denver Broncos")]
+    summaries = r.plan(2, ITEM, hist, ReaderSettings())
+    assert len(summaries) == 2 and "Prediction: (b) Denver Broncos" in summaries[1].prompt
+    assert "Choices: (a) Carolina Panthers (b) Denver Broncos" in summaries[0].prompt
+    hist += [gen(2, "summary", "S-panthers"), gen(2, "summary", "S-broncos")]
+    third = r.plan(3, ITEM, hist, ReaderSettings())
+    assert [c.role for c in third] == ["validity", "validity", "rank", "rank"]
+    assert third[2].prompt.index("S-panthers") < third[2].prompt.index("S-broncos")  # order (s1, s2)
+    assert third[3].prompt.index("S-broncos") < third[3].prompt.index("S-panthers")  # and (s2, s1)
+    assert 1 + len(summaries) + len(third) == 7
+
+    def decide(v1, v2, rank1, rank2, s1="ok", s2="ok"):
+        h = [*hist, gen(3, "validity", v1), gen(3, "validity", v2)]
+        h += [gen(3, "rank", rank1, status=s1), gen(3, "rank", rank2, status=s2)]
+        return r.decide(ITEM, h)
+
+    d = decide("False", "True", "2", "1")  # s2 valid and preferred in both orders
+    assert d.chosen == "Denver Broncos" and d.scores == (0.0, 2.0) and d.method == "sure"
+    d = decide("True", "True", "1", "1")  # position bias: each order prefers Passage 1 -> 0.5 each -> tie
+    assert d.scores == (1.5, 1.5) and d.chosen == "Carolina Panthers"
+    d = decide("True", "False", "", "", "unparseable", "unparseable")  # unparseable rank -> 0.5; validity decides
+    assert d.scores == (1.5, 0.5) and d.chosen == "Carolina Panthers"
+
+
+def test_sure_degenerate_candidates_make_no_further_calls():
+    r = get_reader("sure")
+    one = [gen(1, "candidates", "", output="Paris")]
+    assert r.plan(2, ITEM, one, ReaderSettings()) == [] and r.plan(3, ITEM, one, ReaderSettings()) == []
+    assert r.decide(ITEM, one).chosen == "Paris"
+    none = [gen(1, "candidates", "", output="Sorry, I cannot determine the answer from the passages.", status="unparseable")]
+    assert r.decide(ITEM, none).chosen == "unknown"
+
+
+def test_sure_label_parsers_never_crash():
+    assert parse_output("True, because ...", "true_false") == ("True", "ok")
+    assert parse_output("false.", "true_false") == ("False", "ok")
+    assert parse_output("maybe", "true_false") == ("", "unparseable")
+    assert parse_output("Passage 2", "passage_choice") == ("2", "ok")
+    assert parse_output("Passage 1 and Passage 2 are equal", "passage_choice") == ("", "unparseable")
+    assert parse_output("1", "passage_choice") == ("1", "ok")
+    assert parse_output("A summary.\n[DONE] trailing", "sure_summary") == ("A summary.", "ok")
+    for garbage in ("\x00\x01", "((((", "(a)(b)(c)(d)(e)", "Answer:" * 50):
+        for parser in ("sure_candidates", "sure_summary", "true_false", "passage_choice", "answer_is", "final_answer"):
+            answer, status = parse_output(garbage, parser)
+            assert isinstance(answer, str) and status in ("ok", "unparseable", "empty", "error")
+
+
+def test_sure_base_is_listing_5():
+    (call,) = get_reader("sure_base").plan(1, ITEM, [], ReaderSettings())
+    assert "Task description: predict the answer to the following question. Do not exceed 3 words." in call.prompt
+    (closed,) = get_reader("sure_base").plan(1, ReaderInput("q", "Q?", ()), [], ReaderSettings())
+    assert closed.prompt.startswith("Task description") and closed.passage_ids == ()
+
+
+# ---- seed 003: REFEED -----------------------------------------------------------------------------
+
+def test_refeed_retrieves_with_question_plus_answer_and_refines():
+    r = get_reader("refeed")
+    (initial,) = r.plan(1, ITEM, [], ReaderSettings())
+    assert initial.passage_ids == () and initial.logprobs and initial.temperature == 0.0
+    assert initial.prompt == "Question: Who won Super Bowl 50? The answer is"
+    queries = []
+
+    def retrieve(text, k):
+        queries.append((text, k))
+        return [Passage("f1", "Feedback doc one."), Passage("f2", "Feedback doc two.")]
+
+    hist = [gen(1, "initial", "Carolina Panthers", lp=-0.2)]
+    (refine,) = r.plan(2, ITEM, hist, ReaderSettings(retrieve=retrieve, feedback_k=10))
+    assert queries == [("Who won Super Bowl 50? Carolina Panthers", 10)]
+    assert refine.passage_ids == ("f1", "f2") and refine.logprobs
+    assert "Passage: Feedback doc one." in refine.prompt
+    assert "Initial answer (before reading the passages): Carolina Panthers" in refine.prompt
+    assert r.plan(2, ITEM, hist, ReaderSettings()) == []  # closed-book cell: no retriever, no refinement
+    r.plan(2, ITEM, hist, ReaderSettings(retrieve=retrieve))
+    assert queries[-1][1] == 10  # the paper's k by default
+
+    keep_initial = r.decide(ITEM, [*hist, gen(2, "refine", "Denver Broncos", lp=-0.9)])
+    assert keep_initial.chosen == "Carolina Panthers" and keep_initial.method == "refeed-logprob"
+    take_refined = r.decide(ITEM, [gen(1, "initial", "Carolina Panthers", lp=-2.0), gen(2, "refine", "Denver Broncos", lp=-0.9)])
+    assert take_refined.chosen == "Denver Broncos" and take_refined.scores == (-2.0, -0.9)
+    no_lp = r.decide(ITEM, [gen(1, "initial", "Carolina Panthers"), gen(2, "refine", "Denver Broncos")])
+    assert no_lp.method == "refeed-no-logprobs" and no_lp.chosen == "Denver Broncos" and math.isnan(no_lp.scores[0])
+    ablation = get_reader("refeed_refined").decide(ITEM, [*hist, gen(2, "refine", "Denver Broncos", lp=-0.9)])
+    assert ablation.chosen == "Denver Broncos"
+
+
+def test_answer_is_parser():
+    assert parse_output("The answer is Denver Broncos.", "answer_is") == ("Denver Broncos", "ok")
+    assert parse_output(" Saltfjellet\nQuestion: next?", "answer_is") == ("Saltfjellet", "ok")
+    assert parse_output("The answer is", "answer_is") == ("", "unparseable")
+
+
+# ---- reader settings in the spec ------------------------------------------------------------------
+
+def test_reader_entries_accept_names_and_settings():
+    spec = parse_spec({"name": "t", "retrievers": ["bm25@5"], "readers": ["post_fusion", {"name": "post_fusion", "samples": 3},
+                                                                         {"name": "refeed", "feedback_k": 10}]})
+    keys = [e.key for e in spec.reader_entries()]
+    assert keys == ["post_fusion", "post_fusion(samples=3)", "refeed(feedback_k=10)"]
+    s = settings_for(spec.reader_entry("post_fusion(samples=3)"))
+    assert s.samples == 3 and s.sample_temperature == 0.7
+    assert spec.spec_hash() != parse_spec({"name": "t", "retrievers": ["bm25@5"], "readers": ["post_fusion"]}).spec_hash()
+    with pytest.raises(SpecError, match="duplicate reader entries"):
+        parse_spec({"name": "t", "retrievers": ["bm25@5"], "readers": ["sure", {"name": "sure"}]})
+    with pytest.raises(SpecError, match="samples"):
+        parse_spec({"name": "t", "retrievers": ["bm25@5"], "readers": [{"name": "sure", "samples": 0}]})
+    with pytest.raises(SpecError, match=r"readers\[0\]\.colour: unknown field"):
+        parse_spec({"name": "t", "retrievers": ["bm25@5"], "readers": [{"name": "sure", "colour": "red"}]})
+    with pytest.raises(SpecError, match=r"readers\[1\]: expected a reader name or a mapping"):
+        parse_spec({"name": "t", "retrievers": ["bm25@5"], "readers": ["sure", 3]})
+    with pytest.raises(SpecError, match="unknown reader strategy 'nope'"):
+        parse_spec({"name": "t", "retrievers": ["bm25@5"], "readers": [{"name": "nope"}]})
+
+
+# ---- %NM: only when the pool holds a correct answer and the vote picks a wrong one ----------------
+
+def test_nm_counts_only_pools_with_a_correct_answer_and_a_wrong_pick():
+    from tasks.evaluate import outcome_rows
+    from tracking.metrics import cell_metrics
+
+    questions = pd.DataFrame({"qid": ["a", "b", "c", "d"], "answers": [["Paris"]] * 4})
+    retrievals = pd.DataFrame({"qid": ["a"], "rank": [1], "pid": ["p"], "text": ["Paris is in France."], "title": ["x"]})
+    votes = pd.DataFrame({
+        "qid": ["a", "b", "c", "d"],
+        "method": ["majority", "majority", "majority", "single"],
+        "candidates": [["Paris", "Lyon", "Lyon"], ["Paris", "Lyon"], ["Lyon", "Nice"], ["Paris"]],
+        "chosen": ["Lyon", "Paris", "Lyon", "Paris"],
+    })  # fmt: skip
+    rows = outcome_rows("e", "c", "r", "s", "m", "k", questions, retrievals, votes, pd.DataFrame(), semantic=False)
+    out = pd.DataFrame(rows)
+    assert out.set_index("qid")["pool_has_correct"].to_dict() == {"a": True, "b": True, "c": False, "d": None}
+    assert cell_metrics(out)["nm_pct"] == 50.0  # a (pool correct, picked wrong) of {a, b}; c and d do not count
