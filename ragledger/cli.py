@@ -57,9 +57,10 @@ def preflight(spec) -> None:
     """Check every input before anything is written or any model is called."""
     from ragledger.datasets import load_questions
     from ragledger.paths import resolve_data_path
+    from tasks.retrievers import parse_retriever
 
     load_questions(spec.dataset.name, spec.dataset.path)
-    if any(r != "none" for r in spec.retrievers):
+    if any(parse_retriever(r).needs_corpus for r in spec.retrievers):
         for p in spec.corpus.paths:
             if not resolve_data_path(p).is_file():
                 from ragledger.datasets import DatasetError

@@ -14,7 +14,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from tasks.retrievers.base import Corpus, Hit, Query, Retriever
+from tasks.retrievers.base import Corpus, Hit, LLMFn, Query, Retriever
 
 BM25_K1 = 0.9  # Anserini/Pyserini defaults
 BM25_B = 0.4
@@ -98,7 +98,7 @@ class BM25(Retriever):
         self.corpus = corpus
         self.index_dir = build_bm25_index(corpus, index_root, log=log)
 
-    def retrieve(self, queries: list[Query]) -> dict[str, list[Hit]]:
+    def retrieve(self, queries: list[Query], llm: LLMFn | None = None) -> dict[str, list[Hit]]:
         assert self.corpus is not None and self.index_dir is not None, "call prepare() first"
         ranked = bm25_batch_search(self.index_dir, queries, self.k, threads=os.cpu_count() or 2)
         return {qid: [self.corpus.hit(pid, score) for pid, score in hits] for qid, hits in ranked.items()}
