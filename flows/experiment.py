@@ -199,20 +199,20 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
     model_key = stable_hash(model_identity(spec))
     result_store = get_result_store()
     endpoint_stack = contextlib.ExitStack()
-    started: dict[str, str] = {}
+    endpoint: dict[str, str] = {}  # the started endpoint, once started
 
     def endpoint_url() -> str:
         if base_url is not None:
             return base_url
-        if "url" not in started:
+        if "url" not in endpoint:
             if spec.model.backend == "embedded":
                 from ragledger.embedded import embedded_server
 
                 server = embedded_server(spec.model.embedded_model, spec.model.context_window)
-                started["url"] = endpoint_stack.enter_context(server)
+                endpoint["url"] = endpoint_stack.enter_context(server)
             else:
-                started["url"] = spec.model.base_url or ""
-        return started["url"]
+                endpoint["url"] = spec.model.base_url or ""
+        return endpoint["url"]
 
     # 1. retrieve: one task per (retriever, shard)
     retrieve_params = {}
@@ -249,7 +249,7 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
     must_generate = not all(result_store.exists(k) for k in gen_keys.values())
     generations: dict[tuple[str, str], list[StageResult]] = {(c.name, sid): [] for c in cells for sid in shard_ids}
     with endpoint_stack:
-        endpoint = endpoint_url() if must_generate else (base_url or started.get("url"))
+        url = endpoint_url() if must_generate else (base_url or endpoint.get("url"))
         progress.set_total("generate", len(gen_keys))
         for rnd in range(1, max(c.rounds for c in cells) + 1):
             params_list, keys = [], []
@@ -259,7 +259,7 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
                 for sid, s in zip(shard_ids, shards, strict=True):
                     params_list.append(dict(
                         spec_dict=spec_dict, store_root=store_root, questions_segment=q_segment,
-                        base_url=endpoint or spec.model.base_url or "", retriever_name=c.retriever, strategy=c.strategy,
+                        base_url=url or spec.model.base_url or "", retriever_name=c.retriever, strategy=c.strategy,
                         round_no=rnd, qids=s, retrieval_segments=[retrieved[(c.retriever, sid)].segment],
                         previous_segments=[g.segment for g in generations[(c.name, sid)]],
                         stage_key=gen_keys[(c.name, sid, rnd)], run_token=run_token,
