@@ -150,6 +150,60 @@ def _print_summary(summary: dict) -> None:
 
 
 @app.command()
+def index(
+    spec_path: Annotated[Path | None, typer.Option("--spec", help="build what this spec's retrievers need")] = None,
+    store: Annotated[str | None, typer.Option(help="event store directory; indexes go beside it in indexes/")] = None,
+) -> None:
+    """Build retrieval indexes ahead of time (BM25 and dense; default: over the SQuAD paragraphs)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ragledger import progress as prog
+    from schemas.spec import ExperimentSpec, load_spec
+    from tasks.context import index_root_for, retriever_for
+
+    errors = _user_errors()
+    try:
+        if spec_path is None:
+            spec = ExperimentSpec(name="index", retrievers=["bm25@10", "dense@10"], readers=["concatenation"])
+        else:
+            spec = load_spec(spec_path)
+    except errors as exc:
+        _fail(str(exc))
+    store_root = store or spec.tracking.store
+    names = [r for r in spec.retrievers if _needs_corpus(r)]
+    console.print(f"indexes for {', '.join(names) or 'nothing (no retriever needs a corpus)'} under {index_root_for(store_root)}")
+    with Progress(TextColumn("{task.description:>16}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console) as bars:
+        ids: dict[str, int] = {}
+
+        def total(stage: str, n: int) -> None:
+            if stage not in ids:
+                ids[stage] = bars.add_task(stage, total=n)
+            bars.update(ids[stage], total=n)
+
+        def advance(stage: str, n: int) -> None:
+            if stage not in ids:
+                ids[stage] = bars.add_task(stage, total=None)
+            bars.advance(ids[stage], n)
+
+        prog.set_listener(advance, total)
+        try:
+            for name in names:
+                retriever_for(spec, name, store_root, log=console.print)
+        except errors as exc:
+            _fail(str(exc))
+        finally:
+            prog.set_listener(None)
+    console.print("indexes ready")
+
+
+def _needs_corpus(name: str) -> bool:
+    from tasks.retrievers import parse_retriever
+
+    return parse_retriever(name).needs_corpus
+
+
+@app.command()
 def ui(
     port: Annotated[int, typer.Option(help="port on 127.0.0.1")] = 5000,
     tracking_uri: Annotated[str | None, typer.Option(help="default: the embedded SQLite store under .ragledger/")] = None,

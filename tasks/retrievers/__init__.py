@@ -155,7 +155,8 @@ def parse_retriever(name: str) -> Retriever:
         _check_balanced(name)
         return _parse(name)
     except ValueError as exc:
-        raise ValueError(f"retriever {name!r}: {exc}") from None
+        problem = str(exc).removeprefix(f"{name!r}: ")  # a top-level problem names the retriever once
+        raise ValueError(f"retriever {name!r}: {problem}") from None
 
 
 __all__ = ["Corpus", "Hit", "LLMFn", "LLMPrompt", "Query", "Retriever", "parse_retriever"]
