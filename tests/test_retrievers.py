@@ -80,7 +80,7 @@ def test_composites_carry_depth_flags_and_versions():
         ("dense@-3", "k must be a positive integer, got -3"),
         ("bm25@ten", "k must be a positive integer, got 'ten'"),
         ("bm25@rr@0", "k must be a positive integer, got 0"),
-        ("sparse@5", "unknown retriever source 'sparse'"),
+        ("sparse@5", "unknown retriever 'sparse'"),
         ("bm25", "needs a depth"),
         ("none@5", "'none' takes no '@k'"),
         ("hybrid(bm25@5)", "needs at least two retrievers"),

@@ -139,7 +139,7 @@ def _parse(name: str) -> Retriever:
         if src in PLAIN:
             raise ValueError(f"{src!r} takes no '@k' (in {name!r})")
         if src not in SOURCES:
-            raise ValueError(f"unknown retriever source {src!r} in {name!r}; known: {_known()}")
+            raise ValueError(f"unknown retriever {src!r} in {name!r}; known: {_known()}")
         return SOURCES[src](name, _positive_k(m.group("k"), f"{name!r}"))
     if name in SOURCES:
         raise ValueError(f"{name!r} needs a depth: '{name}@<k>', e.g. '{name}@10'")
