@@ -197,6 +197,35 @@ def index(
     console.print("indexes ready")
 
 
+@app.command()
+def recall(
+    retriever: Annotated[list[str], typer.Option("--retriever", "-r", help="retriever name (repeatable)")],
+    limit: Annotated[int | None, typer.Option(help="questions sampled (seeded, as in a spec); all if unset")] = 1000,
+    dataset: Annotated[str, typer.Option(help="dataset format")] = "squad",
+    path: Annotated[str, typer.Option(help="dataset file")] = "squad/dev-v1.1.json.gz",
+    seed: Annotated[int, typer.Option(help="sampling seed")] = 0,
+    store: Annotated[str, typer.Option(help="event store directory; indexes beside it")] = ".ragledger/store",
+) -> None:
+    """Retrieval only (no model): Recall@k and gold-paragraph hit rate per retriever over the SQuAD paragraphs."""
+    from schemas.spec import parse_spec
+    from tasks.retrieval_eval import retrieval_recall
+
+    errors = _user_errors()
+    try:
+        spec = parse_spec({"name": "recall", "dataset": {"name": dataset, "path": path, "limit": limit, "seed": seed},
+                           "retrievers": retriever, "readers": ["concatenation"]}, "--retriever/--dataset")
+        rows = retrieval_recall(spec, store, log=err.print)
+    except (*errors, ValueError) as exc:
+        _fail(str(exc))
+    table = Table(title=f"retrieval only — {rows[0]['questions']:,} {dataset} questions")
+    for col in ("retriever", "Recall@k", "gold paragraph hit", "seconds"):
+        table.add_column(col, justify="left" if col == "retriever" else "right")
+    for r in rows:
+        table.add_row(r["retriever"], _fmt(r["recall_at_k"]), _fmt(r["gold_paragraph_hit"]), f"{r['seconds']:.1f}")
+    console.print(table)
+    print(json.dumps(rows))
+
+
 def _needs_corpus(name: str) -> bool:
     from tasks.retrievers import parse_retriever
 

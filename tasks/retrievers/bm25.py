@@ -74,9 +74,9 @@ def _searcher(index_dir: Path):
 
 
 def bm25_batch_search(index_dir: Path, queries: list[Query], k: int, threads: int = 2) -> dict[str, list[tuple[str, float]]]:
+    searcher = _searcher(index_dir)  # starts the JVM (ensure_jvm) before pyserini.pyclass can start a wrong one
     from pyserini.pyclass import JArrayList
 
-    searcher = _searcher(index_dir)
     q_list, id_list = JArrayList(), JArrayList()
     for q in queries:
         q_list.add(q.text)
