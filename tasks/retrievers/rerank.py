@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ragledger.semantic import embed
-from tasks.retrievers.base import Corpus, Hit, LLMFn, Query, Retriever
+from tasks.retrievers.base import Corpus, Hit, LLMFn, Query, Retriever, reader_text
 from tasks.retrievers.dense import DenseIndex, build_dense_index, open_dense_index
 
 RERANK_CANDIDATES = 50
@@ -65,7 +65,5 @@ class Rerank(Retriever):
 
 def _is_corpus_text(lookup: dict[str, tuple[str, str]], hit: Hit) -> bool:
     """True when the hit carries its corpus passage unchanged (so the cached vector describes it)."""
-    from tasks.retrievers.base import reader_text
-
     entry = lookup.get(hit.pid)
     return entry is not None and reader_text(*entry) == hit.text
