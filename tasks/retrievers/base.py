@@ -60,9 +60,15 @@ class Corpus:
             self._lookup = dict(zip(self.passages["pid"], zip(self.passages["title"], self.passages["text"], strict=True), strict=True))
         return self._lookup
 
+    def reader_texts(self) -> dict[str, tuple[str, str]]:
+        """pid -> (title, text as the reader sees it), built once: hot in every retriever's result loop."""
+        if not hasattr(self, "_reader"):
+            self._reader = {pid: (title, reader_text(title, text)) for pid, (title, text) in self.lookup().items()}
+        return self._reader
+
     def hit(self, pid: str, score: float | None) -> Hit:
-        title, text = self.lookup()[pid]
-        return Hit(pid, score, title, reader_text(title, text))
+        title, text = self.reader_texts()[pid]
+        return Hit(pid, score, title, text)
 
 
 class Retriever(ABC):

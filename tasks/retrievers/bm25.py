@@ -82,7 +82,7 @@ def bm25_batch_search(index_dir: Path, queries: list[Query], k: int, threads: in
         q_list.add(q.text)
         id_list.add(q.qid)
     results = searcher.batch_search(q_list, id_list, int(k), int(threads))
-    return {q.qid: [(h.docid, float(h.score)) for h in results.get(q.qid)] for q in queries}
+    return {q.qid: [(h.docid, h.score) for h in results.get(q.qid)] for q in queries}  # score: already a Python float
 
 
 class BM25(Retriever):
@@ -101,4 +101,5 @@ class BM25(Retriever):
     def retrieve(self, queries: list[Query], llm: LLMFn | None = None) -> dict[str, list[Hit]]:
         assert self.corpus is not None and self.index_dir is not None, "call prepare() first"
         ranked = bm25_batch_search(self.index_dir, queries, self.k, threads=os.cpu_count() or 2)
-        return {qid: [self.corpus.hit(pid, score) for pid, score in hits] for qid, hits in ranked.items()}
+        texts = self.corpus.reader_texts()
+        return {qid: [Hit(pid, score, *texts[pid]) for pid, score in hits] for qid, hits in ranked.items()}
