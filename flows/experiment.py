@@ -97,7 +97,7 @@ def model_identity(spec: ExperimentSpec) -> dict[str, Any]:
 
 @task(name="log-to-mlflow")
 def log_to_mlflow(spec_dict: dict, summary_dict: dict, cell_segments: dict[str, dict[str, list[str]]],
-                  run_stats: dict[str, float], tracking_uri: str) -> dict[str, Any]:
+                  run_stats: dict[str, float], tracking_uri: str, analysis_files: list[str] | None = None) -> dict[str, Any]:
     spec = ExperimentSpec.model_validate(spec_dict)
     logger = MlflowLogger(tracking_uri, spec.tracking.mlflow_experiment or spec.name)
     logger.close_abandoned_runs()
@@ -125,12 +125,27 @@ def log_to_mlflow(spec_dict: dict, summary_dict: dict, cell_segments: dict[str, 
         logger.end(run)
         cell_runs[cell] = run
     logger.log_text(parent, json.dumps(summary_dict["cells"], indent=2, default=str), "analysis/summary.json")
+    logger.log_artifacts(parent, analysis_files or [], "analysis")
     logger.end(parent)
     return {"parent": parent, "cells": cell_runs, "experiment_id": logger.experiment_id}
 
 
 def in_cell(params: dict, cell: CellPlan) -> bool:
     return params["retriever_name"] == cell.retriever and params["strategy"] == cell.strategy
+
+
+def recall_curve_files(store: EventStore, questions_df, segments: dict[str, list[str | None]], out_dir: Path) -> list[str]:
+    """Recall@k for every k up to the deepest rank, per retriever: a PNG plot and the CSV behind it."""
+    from tracking.recall_curve import plot_recall_curve, recall_at_k_curve
+
+    paths = [s for segs in segments.values() for s in segs if s]
+    retrievals = store.read("retrievals", paths=paths)
+    if retrievals.empty:
+        return []
+    curve = recall_at_k_curve(retrievals, questions_df, list(segments))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    curve.to_csv(out_dir / "recall_at_k.csv", index=False)
+    return [str(out_dir / "recall_at_k.csv"), str(plot_recall_curve(curve, out_dir / "recall_at_k.png"))]
 
 
 def _resolve(future_or_result) -> StageResult:
@@ -165,7 +180,7 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
     shard_ids = [stable_hash("shard", s, length=12) for s in shards]
     dataset_key = stable_hash(spec.name, spec.dataset.model_dump(), q_segment)
 
-    needs_corpus = any(r != "none" for r in spec.retrievers)
+    needs_corpus = any(parse_retriever(r).needs_corpus for r in spec.retrievers)
     corpus_hash = corpus_for(spec).corpus_hash if needs_corpus else ""
     for r in spec.retrievers:  # build or open indexes once, before shards fan out
         retriever_for(spec, r, store_root)
@@ -186,22 +201,52 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
                 for k in counters:
                     counters[k] += r.counters.get(k, 0)
 
+    # the model endpoint: started at most once, and only when a task that calls the model must run
+    # (compress/parametric retrievers call it during retrieval, readers during generation)
+    model_key = stable_hash(model_identity(spec))
+    result_store = get_result_store()
+    endpoint_stack = contextlib.ExitStack()
+    endpoint: dict[str, str] = {}  # the started endpoint, once started
+
+    def endpoint_url() -> str:
+        if base_url is not None:
+            return base_url
+        if "url" not in endpoint:
+            if spec.model.backend == "embedded":
+                from ragledger.embedded import embedded_server
+
+                # log-probabilities cost the embedded server ~2x time and memory: only when a reader needs them
+                logprobs = any(get_reader(e.name).needs_logprobs for e in entries.values())
+                server = embedded_server(spec.model.embedded_model, spec.model.context_window, logits_all=logprobs)
+                endpoint["url"] = endpoint_stack.enter_context(server)
+            else:
+                endpoint["url"] = spec.model.base_url or ""
+        return endpoint["url"]
+
     # 1. retrieve: one task per (retriever, shard)
     retrieve_params = {}
     for r in spec.retrievers:
-        code = parse_retriever(r).code_version
+        retriever = parse_retriever(r)
+        code = retriever.code_version
         for sid, s in zip(shard_ids, shards, strict=True):
-            key = stable_hash("retrieve", FLOW_VERSION, dataset_key, corpus_hash, r, code, sid, str(Path(store_root).resolve()))
+            key = stable_hash("retrieve", FLOW_VERSION, dataset_key, corpus_hash, r, code, sid, str(Path(store_root).resolve()),
+                              *([model_key] if retriever.needs_llm else []))
+            must_call = retriever.needs_llm and not result_store.exists(key)
+            url = endpoint_url() if must_call else (base_url or spec.model.base_url or "")
             retrieve_params[(r, sid)] = dict(spec_dict=spec_dict, store_root=store_root, questions_segment=q_segment,
-                                            retriever_name=r, qids=s, stage_key=key, run_token=run_token)
+                                            retriever_name=r, qids=s, stage_key=key, run_token=run_token, base_url=url)
     progress.set_total("retrieve", len(retrieve_params))
-    futures = {k: retrieve_task.submit(**p) for k, p in retrieve_params.items()}
-    retrieved = dict(zip(futures, _checked(retrieve_task, list(futures.values()), list(retrieve_params.values())), strict=True))
+    try:
+        futures = {k: retrieve_task.submit(**p) for k, p in retrieve_params.items()}
+        checked = _checked(retrieve_task, list(futures.values()), list(retrieve_params.values()))
+        retrieved = dict(zip(futures, checked, strict=True))
+    except BaseException:
+        endpoint_stack.close()
+        raise
     account(list(retrieved.values()))
     progress.advance("retrieve", len(retrieved))
 
     # 2. generate rounds: one task per (cell, shard, round); the endpoint starts only if a task must run
-    model_key = stable_hash(model_identity(spec))
     gen_keys: dict[tuple[str, str, int], str] = {}
     for c in cells:
         entry = entries[c.strategy]
@@ -212,20 +257,10 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
             for rnd in range(1, c.rounds + 1):
                 upstream = stable_hash("generate", upstream, c.strategy, reader.prompt_version, model_key, rnd, *settings)
                 gen_keys[(c.name, sid, rnd)] = upstream
-    result_store = get_result_store()
     must_generate = not all(result_store.exists(k) for k in gen_keys.values())
     generations: dict[tuple[str, str], list[StageResult]] = {(c.name, sid): [] for c in cells for sid in shard_ids}
-    with contextlib.ExitStack() as stack:
-        endpoint = base_url
-        if must_generate and endpoint is None:
-            if spec.model.backend == "embedded":
-                from ragledger.embedded import embedded_server
-
-                logprobs = any(get_reader(e.name).needs_logprobs for e in entries.values())
-                endpoint = stack.enter_context(embedded_server(spec.model.embedded_model, spec.model.context_window,
-                                                               logits_all=logprobs))
-            else:
-                endpoint = spec.model.base_url
+    with endpoint_stack:
+        url = endpoint_url() if must_generate else (base_url or endpoint.get("url"))
         progress.set_total("generate", len(gen_keys))
         for rnd in range(1, max(c.rounds for c in cells) + 1):
             params_list, keys = [], []
@@ -235,7 +270,7 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
                 for sid, s in zip(shard_ids, shards, strict=True):
                     params_list.append(dict(
                         spec_dict=spec_dict, store_root=store_root, questions_segment=q_segment,
-                        base_url=endpoint or spec.model.base_url or "", retriever_name=c.retriever, strategy=c.strategy,
+                        base_url=url or spec.model.base_url or "", retriever_name=c.retriever, strategy=c.strategy,
                         round_no=rnd, qids=s, retrieval_segments=[retrieved[(c.retriever, sid)].segment],
                         previous_segments=[g.segment for g in generations[(c.name, sid)]],
                         stage_key=gen_keys[(c.name, sid, rnd)], run_token=run_token,
@@ -300,7 +335,10 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
     summary.wall_time_s = round(time.perf_counter() - started, 2)
     run_stats = {"llm_calls": summary.llm_calls, "cache_hits": summary.cache_hits, "retries": summary.retries,
                  "tasks_total": tasks_total, "tasks_from_cache": tasks_cached, "wall_time_s": summary.wall_time_s}
-    logged = log_to_mlflow(spec_dict, asdict(summary), cell_segments, run_stats, summary.tracking_uri)
+    analysis_dir = Path(store_root) / "runs" / spec.name / f"analysis-{run_token[:8]}"
+    by_retriever = {r: [retrieved[(r, sid)].segment for sid in shard_ids] for r in spec.retrievers}
+    analysis_files = recall_curve_files(store, questions_df, by_retriever, analysis_dir)
+    logged = log_to_mlflow(spec_dict, asdict(summary), cell_segments, run_stats, summary.tracking_uri, analysis_files)
     summary.mlflow_parent_run_id = logged["parent"]
     summary.mlflow_cell_run_ids = logged["cells"]
     summary.mlflow_experiment_id = logged["experiment_id"]

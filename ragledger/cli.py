@@ -57,9 +57,10 @@ def preflight(spec) -> None:
     """Check every input before anything is written or any model is called."""
     from ragledger.datasets import load_questions
     from ragledger.paths import resolve_data_path
+    from tasks.retrievers import parse_retriever
 
     load_questions(spec.dataset.name, spec.dataset.path)
-    if any(r != "none" for r in spec.retrievers):
+    if any(parse_retriever(r).needs_corpus for r in spec.retrievers):
         for p in spec.corpus.paths:
             if not resolve_data_path(p).is_file():
                 from ragledger.datasets import DatasetError
@@ -146,6 +147,89 @@ def _print_summary(summary: dict) -> None:
     console.print(f"MLflow: {summary['tracking_uri']}  experiment id {summary['mlflow_experiment_id']}, "
                   f"parent run {summary['mlflow_parent_run_id']}")
     console.print("open it with: [bold]ragledger ui[/]   (then http://127.0.0.1:5000)")
+
+
+@app.command()
+def index(
+    spec_path: Annotated[Path | None, typer.Option("--spec", help="build what this spec's retrievers need")] = None,
+    store: Annotated[str | None, typer.Option(help="event store directory; indexes go beside it in indexes/")] = None,
+) -> None:
+    """Build retrieval indexes ahead of time (BM25 and dense; default: over the SQuAD paragraphs)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ragledger import progress as prog
+    from schemas.spec import ExperimentSpec, load_spec
+    from tasks.context import index_root_for, retriever_for
+
+    errors = _user_errors()
+    try:
+        if spec_path is None:
+            spec = ExperimentSpec(name="index", retrievers=["bm25@10", "dense@10"], readers=["concatenation"])
+        else:
+            spec = load_spec(spec_path)
+    except errors as exc:
+        _fail(str(exc))
+    store_root = store or spec.tracking.store
+    names = [r for r in spec.retrievers if _needs_corpus(r)]
+    console.print(f"indexes for {', '.join(names) or 'nothing (no retriever needs a corpus)'} under {index_root_for(store_root)}")
+    with Progress(TextColumn("{task.description:>16}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console) as bars:
+        ids: dict[str, int] = {}
+
+        def total(stage: str, n: int) -> None:
+            if stage not in ids:
+                ids[stage] = bars.add_task(stage, total=n)
+            bars.update(ids[stage], total=n)
+
+        def advance(stage: str, n: int) -> None:
+            if stage not in ids:
+                ids[stage] = bars.add_task(stage, total=None)
+            bars.advance(ids[stage], n)
+
+        prog.set_listener(advance, total)
+        try:
+            for name in names:
+                retriever_for(spec, name, store_root, log=console.print)
+        except errors as exc:
+            _fail(str(exc))
+        finally:
+            prog.set_listener(None)
+    console.print("indexes ready")
+
+
+@app.command()
+def recall(
+    retriever: Annotated[list[str], typer.Option("--retriever", "-r", help="retriever name (repeatable)")],
+    limit: Annotated[int | None, typer.Option(help="questions sampled (seeded, as in a spec); all if unset")] = 1000,
+    dataset: Annotated[str, typer.Option(help="dataset format")] = "squad",
+    path: Annotated[str, typer.Option(help="dataset file")] = "squad/dev-v1.1.json.gz",
+    seed: Annotated[int, typer.Option(help="sampling seed")] = 0,
+    store: Annotated[str, typer.Option(help="event store directory; indexes beside it")] = ".ragledger/store",
+) -> None:
+    """Retrieval only (no model): Recall@k and gold-paragraph hit rate per retriever over the SQuAD paragraphs."""
+    from schemas.spec import parse_spec
+    from tasks.retrieval_eval import retrieval_recall
+
+    errors = _user_errors()
+    try:
+        spec = parse_spec({"name": "recall", "dataset": {"name": dataset, "path": path, "limit": limit, "seed": seed},
+                           "retrievers": retriever, "readers": ["concatenation"]}, "--retriever/--dataset")
+        rows = retrieval_recall(spec, store, log=err.print)
+    except (*errors, ValueError) as exc:
+        _fail(str(exc))
+    table = Table(title=f"retrieval only — {rows[0]['questions']:,} {dataset} questions")
+    for col in ("retriever", "Recall@k", "gold paragraph hit", "seconds"):
+        table.add_column(col, justify="left" if col == "retriever" else "right")
+    for r in rows:
+        table.add_row(r["retriever"], _fmt(r["recall_at_k"]), _fmt(r["gold_paragraph_hit"]), f"{r['seconds']:.1f}")
+    console.print(table)
+    print(json.dumps(rows))
+
+
+def _needs_corpus(name: str) -> bool:
+    from tasks.retrievers import parse_retriever
+
+    return parse_retriever(name).needs_corpus
 
 
 @app.command()

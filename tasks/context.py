@@ -69,7 +69,7 @@ _retrievers: dict[tuple[str, str, str], Retriever] = {}
 
 
 def retriever_for(spec: ExperimentSpec, name: str, store_root: str, log=print) -> Retriever:
-    corpus = corpus_for(spec) if name != "none" else None
+    corpus = corpus_for(spec) if parse_retriever(name).needs_corpus else None
     key = (name, corpus.corpus_hash if corpus else "", store_root)
     if key not in _retrievers:
         retriever = parse_retriever(name)

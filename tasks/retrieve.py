@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from typing import Any
 
@@ -10,8 +11,10 @@ from prefect import task
 
 from ragledger import progress
 from ragledger.crash import crashpoint
-from tasks.context import StageResult, read_questions, retriever_for, spec_from, store_from
-from tasks.retrievers import Hit, Query, Retriever
+from ragledger.llm import LLMClient, LLMRequest, LLMResponse, run_on_engine
+from schemas.spec import ExperimentSpec
+from tasks.context import StageResult, llm_client_for, read_questions, retriever_for, spec_from, store_from
+from tasks.retrievers import Hit, LLMFn, LLMPrompt, Query, Retriever
 from tracking.events import event_id, new_events
 
 
@@ -36,27 +39,47 @@ def retrieval_rows(experiment: str, retriever: Retriever, stage_key: str, result
     return rows
 
 
-def run_retrieve(
-    spec_dict: dict, store_root: str, questions_segment: str, retriever_name: str, qids: list[str], stage_key: str, run_token: str
-) -> StageResult:
+def retrieval_llm(spec: ExperimentSpec, client: LLMClient) -> LLMFn:
+    """The model as retrievers see it (compression, GenRead): the experiment's cached client and sampling."""
+
+    def run(prompts: list[LLMPrompt]) -> list[str]:
+        m = spec.model
+        reqs = [LLMRequest(system=p.system, prompt=p.prompt, temperature=m.temperature, top_p=m.top_p,
+                           max_tokens=p.max_tokens, seed=m.seed) for p in prompts]
+
+        async def all_calls() -> list[LLMResponse]:
+            return await asyncio.gather(*(client.complete(r) for r in reqs))
+
+        return [r.text for r in run_on_engine(all_calls())] if reqs else []
+
+    return run
+
+
+def run_retrieve(spec_dict: dict, store_root: str, questions_segment: str, retriever_name: str, qids: list[str], stage_key: str,
+                 run_token: str, base_url: str = "") -> StageResult:
     spec = spec_from(spec_dict)
     store = store_from(store_root)
     questions = read_questions(store, questions_segment, qids)
     retriever = retriever_for(spec, retriever_name, store_root)
     queries = [Query(r.qid, r.question) for r in questions.itertuples()]
-    results = retriever.retrieve(queries)
+    client = llm_client_for(spec, base_url, store_root) if retriever.needs_llm else None
+    results = retriever.retrieve(queries, retrieval_llm(spec, client) if client else None)
     rows = retrieval_rows(spec.name, retriever, stage_key, results)
     crashpoint("retrieve.done")
     segment = store.write("retrievals", new_events("retrievals", spec.name, rows)) if rows else None
     progress.advance("retrieve", len(qids))
-    return StageResult("retrieve", retriever_name, stage_key, str(segment) if segment else None, len(rows), run_token, {})
+    counters = {}
+    if client is not None:
+        c = client.counters
+        counters = {"llm_calls": c.calls, "cache_hits": c.cache_hits, "retries": c.retries,
+                    "tokens_in": c.tokens_in, "tokens_out": c.tokens_out}
+    return StageResult("retrieve", retriever_name, stage_key, str(segment) if segment else None, len(rows), run_token, counters)
 
 
 @task(name="retrieve", cache_key_fn=lambda ctx, params: params["stage_key"], persist_result=True)
-def retrieve_task(
-    spec_dict: dict, store_root: str, questions_segment: str, retriever_name: str, qids: list[str], stage_key: str, run_token: str
-) -> StageResult:
-    return run_retrieve(spec_dict, store_root, questions_segment, retriever_name, qids, stage_key, run_token)
+def retrieve_task(spec_dict: dict, store_root: str, questions_segment: str, retriever_name: str, qids: list[str], stage_key: str,
+                  run_token: str, base_url: str = "") -> StageResult:
+    return run_retrieve(spec_dict, store_root, questions_segment, retriever_name, qids, stage_key, run_token, base_url)
 
 
 def passages_by_question(retrievals: pd.DataFrame) -> dict[str, list[tuple[str, str]]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,19 @@ class Hit:
 class Query:
     qid: str
     text: str
+
+
+@dataclass(frozen=True)
+class LLMPrompt:
+    """One model call a retriever needs (compression, GenRead); sampling comes from the spec."""
+
+    system: str
+    prompt: str
+    max_tokens: int
+
+
+# Runs a batch of prompts on the experiment's model (cached, concurrent) and returns the outputs in order.
+LLMFn = Callable[[list[LLMPrompt]], list[str]]
 
 
 def reader_text(title: str, text: str) -> str:
@@ -47,15 +61,23 @@ class Corpus:
             self._lookup = dict(zip(self.passages["pid"], pairs, strict=True))
         return self._lookup
 
+    def reader_texts(self) -> dict[str, tuple[str, str]]:
+        """pid -> (title, text as the reader sees it), built once: hot in every retriever's result loop."""
+        if not hasattr(self, "_reader"):
+            self._reader = {pid: (title, reader_text(title, text)) for pid, (title, text) in self.lookup().items()}
+        return self._reader
+
     def hit(self, pid: str, score: float | None) -> Hit:
-        title, text = self.lookup()[pid]
-        return Hit(pid, score, title, reader_text(title, text))
+        title, text = self.reader_texts()[pid]
+        return Hit(pid, score, title, text)
 
 
 class Retriever(ABC):
     """A named retriever. `name` is the spec string (e.g. `bm25@5`), which also labels its cell."""
 
     code_version: str = "1"
+    needs_corpus: bool = True  # False: closed book, parametric (no index to build)
+    needs_llm: bool = False  # True: retrieve() must be given an LLMFn (compression, parametric)
 
     def __init__(self, name: str):
         self.name = name
@@ -64,5 +86,5 @@ class Retriever(ABC):
         """Build or open whatever index this retriever needs (cached by corpus hash)."""
 
     @abstractmethod
-    def retrieve(self, queries: list[Query]) -> dict[str, list[Hit]]:
-        """Top hits per query id, best first."""
+    def retrieve(self, queries: list[Query], llm: LLMFn | None = None) -> dict[str, list[Hit]]:
+        """Top hits per query id, best first. `llm` is required when `needs_llm`."""

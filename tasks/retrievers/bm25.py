@@ -14,7 +14,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from tasks.retrievers.base import Corpus, Hit, Query, Retriever
+from tasks.retrievers.base import Corpus, Hit, LLMFn, Query, Retriever
 
 BM25_K1 = 0.9  # Anserini/Pyserini defaults
 BM25_B = 0.4
@@ -74,7 +74,7 @@ def _searcher(index_dir: Path):
 
 
 def bm25_batch_search(index_dir: Path, queries: list[Query], k: int, threads: int = 2) -> dict[str, list[tuple[str, float]]]:
-    searcher = _searcher(index_dir)  # first: it configures the JVM, which importing pyserini.pyclass starts
+    searcher = _searcher(index_dir)  # starts the JVM (ensure_jvm) before pyserini.pyclass can start a wrong one
     from pyserini.pyclass import JArrayList
 
     q_list, id_list = JArrayList(), JArrayList()
@@ -82,7 +82,7 @@ def bm25_batch_search(index_dir: Path, queries: list[Query], k: int, threads: in
         q_list.add(q.text)
         id_list.add(q.qid)
     results = searcher.batch_search(q_list, id_list, int(k), int(threads))
-    return {q.qid: [(h.docid, float(h.score)) for h in results.get(q.qid)] for q in queries}
+    return {q.qid: [(h.docid, h.score) for h in results.get(q.qid)] for q in queries}  # score: already a Python float
 
 
 class BM25(Retriever):
@@ -98,7 +98,8 @@ class BM25(Retriever):
         self.corpus = corpus
         self.index_dir = build_bm25_index(corpus, index_root, log=log)
 
-    def retrieve(self, queries: list[Query]) -> dict[str, list[Hit]]:
+    def retrieve(self, queries: list[Query], llm: LLMFn | None = None) -> dict[str, list[Hit]]:
         assert self.corpus is not None and self.index_dir is not None, "call prepare() first"
         ranked = bm25_batch_search(self.index_dir, queries, self.k, threads=os.cpu_count() or 2)
-        return {qid: [self.corpus.hit(pid, score) for pid, score in hits] for qid, hits in ranked.items()}
+        texts = self.corpus.reader_texts()
+        return {qid: [Hit(pid, score, *texts[pid]) for pid, score in hits] for qid, hits in ranked.items()}

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from tasks.retrievers.base import Hit, Query, Retriever
+from tasks.retrievers.base import Hit, LLMFn, Query, Retriever
 
 
 class ClosedBook(Retriever):
     code_version = "none-1"
+    needs_corpus = False
 
-    def retrieve(self, queries: list[Query]) -> dict[str, list[Hit]]:
+    def retrieve(self, queries: list[Query], llm: LLMFn | None = None) -> dict[str, list[Hit]]:
         return {q.qid: [] for q in queries}

@@ -1,0 +1,184 @@
+"""The retriever pool: the name grammar, dense retrieval (real model, offline), hybrid, rerank, word budget."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tasks.retrievers import parse_retriever
+from tasks.retrievers.base import Corpus, Hit, Query
+from tasks.retrievers.bm25 import BM25
+from tasks.retrievers.compress import Compress
+from tasks.retrievers.dense import Dense
+from tasks.retrievers.hybrid import Hybrid, merge_dedup
+from tasks.retrievers.parametric import Parametric
+from tasks.retrievers.rerank import RERANK_CANDIDATES, Rerank
+from tasks.retrievers.truncate import Truncate, truncate_hits
+
+PASSAGES = [
+    {"pid": "p1", "title": "Broncos", "text": "The Denver Broncos won Super Bowl 50 in Santa Clara, California."},
+    {"pid": "p2", "title": "Paris", "text": "Paris is the capital and largest city of France."},
+    {"pid": "p3", "title": "Everest", "text": "Mount Everest is Earth's highest mountain above sea level."},
+    {"pid": "p4", "title": "Nile", "text": "The Nile is a major north-flowing river in northeastern Africa."},
+    {"pid": "p5", "title": "Lyon", "text": "Lyon is a city in France, known for its cuisine; it is not the capital."},
+    {"pid": "p6", "title": "Photosynthesis", "text": "Plants convert light energy into chemical energy by photosynthesis."},
+]
+
+
+@pytest.fixture(scope="module")
+def corpus() -> Corpus:
+    import pandas as pd
+
+    return Corpus.from_frame(pd.DataFrame(PASSAGES))
+
+
+# ---- grammar -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "kind", "inner"),
+    [
+        ("bm25@10", BM25, None),
+        ("dense@10", Dense, None),
+        ("bm25@rr@10", Rerank, BM25),
+        ("dense@rr@3", Rerank, Dense),
+        ("hybrid(bm25@5,dense@5)", Hybrid, None),
+        ("hybrid(bm25@5, dense@5, parametric)", Hybrid, None),
+        ("compress(bm25@10)", Compress, BM25),
+        ("compress(hybrid(bm25@5,dense@5))", Compress, Hybrid),
+        ("hybrid(bm25@25,dense@25)@rr@10", Rerank, Hybrid),
+        ("trunc(parametric,100)", Truncate, Parametric),
+        ("parametric", Parametric, None),
+        ("  bm25@5  ", BM25, None),
+    ],
+)
+def test_good_names_parse(name, kind, inner):
+    r = parse_retriever(name)
+    assert isinstance(r, kind) and r.name == name.strip()
+    if inner is not None:
+        assert isinstance(r.inner, inner)
+
+
+def test_composites_carry_depth_flags_and_versions():
+    rr = parse_retriever("bm25@rr@10")
+    assert rr.k == 10 and rr.inner.k == RERANK_CANDIDATES and rr.inner.name == "bm25@50"
+    h = parse_retriever("hybrid(bm25@5,dense@7)")
+    assert [p.name for p in h.parts] == ["bm25@5", "dense@7"] and [p.k for p in h.parts] == [5, 7]
+    assert parse_retriever("compress(bm25@10)").needs_llm and parse_retriever("compress(bm25@10)").needs_corpus
+    assert parse_retriever("parametric").needs_llm and not parse_retriever("parametric").needs_corpus
+    assert not parse_retriever("none").needs_corpus and not parse_retriever("hybrid(bm25@2,dense@2)").needs_llm
+    # a composite's version names its parts, so changing a part's code re-runs the composite
+    assert "bm25" in parse_retriever("compress(bm25@10)").code_version
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("bm25@0", "k must be a positive integer, got 0"),
+        ("dense@-3", "k must be a positive integer, got -3"),
+        ("bm25@ten", "k must be a positive integer, got 'ten'"),
+        ("bm25@rr@0", "k must be a positive integer, got 0"),
+        ("sparse@5", "unknown retriever 'sparse'"),
+        ("bm25", "needs a depth"),
+        ("none@5", "'none' takes no '@k'"),
+        ("hybrid(bm25@5)", "needs at least two retrievers"),
+        ("hybrid(bm25@5,dense@5", "unbalanced parentheses"),
+        ("hybrid(bm25@5,dense@5))", "unbalanced parentheses"),
+        ("hybrid(bm25@5,)", "empty argument"),
+        ("compress(bm25@5,dense@5)", "takes exactly one retriever"),
+        ("compress(bm25@0)", "k must be a positive integer, got 0"),
+        ("rerank(bm25@5)", "unknown wrapper rerank(...)"),
+        ("trunc(bm25@5)", "takes a retriever and a word budget"),
+        ("trunc(bm25@5,0)", "word budget must be positive"),
+        ("", "empty retriever name"),
+        ("BM25@5", "cannot parse"),
+    ],
+)
+def test_bad_names_raise_clear_errors(name, message):
+    with pytest.raises(ValueError, match="retriever ") as info:
+        parse_retriever(name)
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_spec_validation_reports_bad_retriever_name():
+    from schemas.spec import SpecError, parse_spec
+
+    with pytest.raises(SpecError, match=r"field 'retrievers'.*hybrid\(bm25@5\).*at least two"):
+        parse_spec({"name": "x", "retrievers": ["hybrid(bm25@5)"], "readers": ["concatenation"]}, "spec.yaml")
+
+
+# ---- pure composition ----------------------------------------------------------------------------
+
+
+def _hits(*pids: str) -> list[Hit]:
+    return [Hit(p, 1.0, p, f"text of {p}") for p in pids]
+
+
+def test_merge_dedup_keeps_first_occurrence_in_order():
+    merged = merge_dedup([_hits("a", "b", "c"), _hits("c", "d", "a", "e")])
+    assert [h.pid for h in merged] == ["a", "b", "c", "d", "e"]
+
+
+def test_truncate_hits_word_budget():
+    hits = [Hit("a", 1.0, "", "one two three four"), Hit("b", 1.0, "", "five six seven"), Hit("c", 1.0, "", "eight")]
+    out = truncate_hits(hits, 6)
+    assert [h.pid for h in out] == ["a", "b"] and out[1].text == "five six"
+    assert sum(len(h.text.split()) for h in out) == 6
+    assert truncate_hits(hits, 100) == hits
+
+
+# ---- real retrieval over a tiny corpus (real model, real Lucene, offline) ----------------------
+
+
+def test_dense_retrieves_offline_and_caches_the_index(corpus, tmp_path):
+    r = parse_retriever("dense@2")
+    r.prepare(corpus, tmp_path, log=lambda *_: None)
+    out = r.retrieve([Query("q1", "What is the capital city of France?"), Query("q2", "Which is the tallest mountain on Earth?")])
+    assert out["q1"][0].pid == "p2" and out["q2"][0].pid == "p3"
+    assert len(out["q1"]) == 2 and out["q1"][0].score >= out["q1"][1].score
+    assert out["q1"][0].text == "Paris: Paris is the capital and largest city of France."
+    folders = [p.name for p in tmp_path.iterdir()]
+    assert folders == [f"dense-minilm-l6-v2-1-{corpus.corpus_hash}"]  # no temp build folder left behind
+    meta = json.loads((tmp_path / folders[0] / "ragledger-complete").read_text())
+    assert meta["passages"] == len(PASSAGES) and meta["corpus_hash"] == corpus.corpus_hash
+    stamp = (tmp_path / folders[0] / "vectors.npy").stat().st_mtime_ns
+    again = parse_retriever("dense@2")
+    again.prepare(corpus, tmp_path, log=lambda *_: pytest.fail("index rebuilt"))
+    assert (tmp_path / folders[0] / "vectors.npy").stat().st_mtime_ns == stamp
+
+
+def test_hybrid_dedups_bm25_and_dense(corpus, tmp_path):
+    h = parse_retriever("hybrid(bm25@3,dense@3)")
+    h.prepare(corpus, tmp_path, log=lambda *_: None)
+    q = [Query("q1", "What is the capital of France?")]
+    bm25, dense = (p.retrieve(q)["q1"] for p in h.parts)
+    got = h.retrieve(q)["q1"]
+    pids = [x.pid for x in got]
+    assert len(pids) == len(set(pids))
+    assert pids[: len(bm25)] == [x.pid for x in bm25]  # X's hits first, in X's order
+    assert set(pids) == {x.pid for x in bm25} | {x.pid for x in dense}
+    assert len(pids) < len(bm25) + len(dense)  # both found Paris and Lyon: duplicates were dropped
+
+
+def test_rerank_orders_by_cosine_to_the_question(corpus, tmp_path):
+    from ragledger.semantic import embed
+
+    rr = parse_retriever("bm25@rr@3")
+    rr.prepare(corpus, tmp_path, log=lambda *_: None)
+    q = Query("q1", "Which French city is the capital?")
+    candidates = rr.inner.retrieve([q])["q1"]
+    got = rr.retrieve([q])["q1"]
+    assert len(got) == min(3, len(candidates))
+    expected = embed([h.text for h in candidates]) @ embed([q.text])[0]
+    order = np.argsort(-expected, kind="stable")[:3]
+    assert [h.pid for h in got] == [candidates[i].pid for i in order]
+    assert [round(h.score, 4) for h in got] == [round(float(expected[i]), 4) for i in order]
+    assert got[0].pid == "p2"
+
+
+def test_llm_retrievers_refuse_to_run_without_a_model():
+    with pytest.raises(ValueError, match="calls the model"):
+        parse_retriever("parametric").retrieve([Query("q", "x?")])
