@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 from ragledger.cli import app
 
 
-def test_index_command_builds_bm25_and_dense_once(tmp_path):
+def test_index_command_builds_bm25_and_dense_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAGLEDGER_INDEX_DIR", str(tmp_path / "indexes"))  # indexes are shared per machine by default
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"id": f"p{i}", "title": f"T{i}", "text": f"passage number {i} about topic {i}"}) + "\n"
                               for i in range(7)))

@@ -4,6 +4,7 @@ OpenAI-compatible server (the test tool standing in for vLLM/OpenAI)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -51,10 +52,24 @@ def write_spec(ws: Path, base_url: str, name: str = "rel", **model) -> Path:
 
 
 def cli(ws: Path, *args: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    """Run the CLI in its own process group. Output goes to files, not pipes: after a SIGKILL the CLI's
+    child (Prefect's temporary API server) would hold a pipe open; the whole group is killed at the end."""
+    import signal
+    import tempfile
+
     base = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     base["RAGLEDGER_INDEX_DIR"] = str(ws / "indexes")
-    return subprocess.run([RAGLEDGER, *args], cwd=ws, env={**base, **(env or {})}, capture_output=True, text=True,
-                          timeout=timeout)
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen([RAGLEDGER, *args], cwd=ws, env={**base, **(env or {})}, stdout=out, stderr=err,
+                                start_new_session=True)
+        try:
+            code = proc.wait(timeout=timeout)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(proc.args, code, out.read(), err.read())
 
 
 def outcome_table(ws: Path) -> list[tuple]:
