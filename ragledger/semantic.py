@@ -29,9 +29,20 @@ def embedding_model():
     return SentenceTransformer(str(get_model_path()), device="cpu")
 
 
+_CACHE_MAX = 200_000
+_cache: dict[str, np.ndarray] = {}  # text -> unit vector; gold answers recur in every cell of an experiment
+
+
 def embed(texts: list[str]) -> np.ndarray:
+    """Unit-norm embeddings; each distinct text is encoded once per process."""
     with _lock:
-        return embedding_model().encode(texts, batch_size=64, normalize_embeddings=True, show_progress_bar=False)
+        todo = list(dict.fromkeys(t for t in texts if t not in _cache))
+        if todo:
+            vecs = embedding_model().encode(todo, batch_size=128, normalize_embeddings=True, show_progress_bar=False)
+            if len(_cache) + len(todo) > _CACHE_MAX:
+                _cache.clear()
+            _cache.update(zip(todo, vecs, strict=True))
+        return np.stack([_cache[t] for t in texts]) if texts else np.zeros((0, 384), dtype=np.float32)
 
 
 def max_similarity(predictions: list[str], golds: list[list[str]]) -> list[float]:

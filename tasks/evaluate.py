@@ -53,7 +53,13 @@ def outcome_rows(
     if semantic and predictions:
         from ragledger.semantic import SEMANTIC_THRESHOLD, max_similarity
 
-        sims = [s >= SEMANTIC_THRESHOLD for s in max_similarity(predictions, [answers[v.qid] for v in votes.itertuples()])]
+        # only a wrong, non-abstaining prediction needs an embedding: EM decides the rest (and costs nothing)
+        need = [i for i, v in enumerate(votes.itertuples())
+                if not is_unknown(v.chosen) and em_score(v.chosen, answers[v.qid]) < 1.0]
+        close = max_similarity([predictions[i] for i in need], [answers[votes.iloc[i].qid] for i in need])
+        sims = [False] * len(predictions)
+        for i, s in zip(need, close, strict=True):
+            sims[i] = s >= SEMANTIC_THRESHOLD
     rows = []
     for i, v in enumerate(votes.itertuples()):
         golds = answers[v.qid]

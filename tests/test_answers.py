@@ -51,3 +51,22 @@ def test_has_answer_token_subsequence():
     assert not has_answer(ctx, ["Denver Bronco"])  # whole tokens only
     assert not has_answer(ctx, ["Broncos Denver"])
     assert not has_answer("", ["x"])
+
+
+def test_token_subsequence_search_equals_the_token_list_definition():
+    """`contains_token_sequence` searches a space-padded string; it must agree with the definition
+    (the needle's normalized tokens occur as a contiguous run of the haystack's) on arbitrary text."""
+    import random
+
+    from ragledger.answers import contains_token_sequence, normalize_answer
+
+    def by_definition(haystack: str, needle: str) -> bool:
+        n, h = normalize_answer(needle).split(), normalize_answer(haystack).split()
+        return bool(n) and any(h[i : i + len(n)] == n for i in range(len(h) - len(n) + 1))
+
+    rng = random.Random(0)
+    words = ["a", "the", "cat", "Cat.", "dog", "an", "x-y", "1,000", "é", "  ", "the cat", "(dog)", "cats"]
+    for _ in range(5000):
+        haystack = " ".join(rng.choice(words) for _ in range(rng.randint(0, 8)))
+        needle = " ".join(rng.choice(words) for _ in range(rng.randint(0, 3)))
+        assert contains_token_sequence(haystack, needle) == by_definition(haystack, needle), (haystack, needle)

@@ -18,10 +18,14 @@ from ragledger.answers import has_answer
 def first_hit_rank(retrievals: pd.DataFrame, questions: pd.DataFrame) -> pd.DataFrame:
     """One row per (retriever, qid): the rank of the first hit containing a gold answer (NaN if none)."""
     golds = {r.qid: list(r.answers) for r in questions.itertuples()}
-    rows = []
-    for (retriever, qid), group in retrievals.sort_values("rank").groupby(["retriever", "qid"], sort=False):
-        first = next((int(r.rank) for r in group.itertuples() if has_answer(r.text, golds.get(qid, []))), None)
-        rows.append({"retriever": retriever, "qid": qid, "first_rank": first})
+    first: dict[tuple[str, str], int | None] = {}
+    ordered = retrievals.sort_values(["retriever", "qid", "rank"], kind="stable")
+    # one pass over plain columns (a pandas group per question cost ~4 ms each: 8 s for 2,000 questions)
+    for retriever, qid, rank, text in zip(ordered["retriever"], ordered["qid"], ordered["rank"], ordered["text"], strict=True):
+        key = (retriever, qid)
+        if first.setdefault(key, None) is None and has_answer(text, golds.get(qid, [])):
+            first[key] = int(rank)
+    rows = [{"retriever": r, "qid": q, "first_rank": k} for (r, q), k in first.items()]
     return pd.DataFrame(rows, columns=["retriever", "qid", "first_rank"])
 
 
