@@ -6,7 +6,7 @@ from prefect import task
 
 from tasks.context import StageResult, cell_name, read_questions, spec_from, store_from
 from tasks.generate import history_by_question, reader_inputs
-from tasks.readers import get_reader
+from tasks.readers import get_reader, settings_for
 from tracking.events import event_id, new_events
 
 
@@ -23,14 +23,16 @@ def run_vote(
 ) -> StageResult:
     spec = spec_from(spec_dict)
     store = store_from(store_root)
-    reader = get_reader(spec.reader_entry(strategy).name)
+    entry = spec.reader_entry(strategy)
+    reader = get_reader(entry.name)
+    settings = settings_for(entry)
     questions = read_questions(store, questions_segment, qids)
     retrievals = store.read("retrievals", paths=[p for p in retrieval_segments if p])
     history = history_by_question(store.read("generations", paths=[p for p in generation_segments if p]))
     cell = cell_name(retriever_name, strategy, spec.model.display_name)
     rows = []
     for item in reader_inputs(questions, retrievals[retrievals["qid"].isin(qids)]):
-        d = reader.decide(item, history.get(item.qid, []))
+        d = reader.decide(item, history.get(item.qid, []), settings)
         rows.append(
             {
                 "event_id": event_id("votes", spec.name, stage_key, item.qid),

@@ -76,6 +76,7 @@ class ReaderSettings:
     # first. Provided by the generate stage from the cell's retriever; None when there is none.
     retrieve: Callable[[str, int | None], list[Passage]] | None = field(default=None, compare=False, repr=False)
     feedback_k: int | None = None
+    vote: str = "majority"  # how an answer pool becomes one answer (POOL_VOTES); readers with a pool use it
 
 
 class Reader(ABC):
@@ -84,14 +85,15 @@ class Reader(ABC):
     vote_version: str = "1"  # enters the vote cache keys only: a new decision rule re-runs no model call
     rounds: int = 1
     needs_logprobs: bool = False  # the embedded server then keeps all logits (slower prompts, more memory)
+    votes_over_pool: bool = False  # decides over an answer pool, so the spec's `vote` setting applies
 
     @abstractmethod
     def plan(self, round_no: int, item: ReaderInput, history: list[Generation], settings: ReaderSettings) -> list[Call]:
         """The calls of round `round_no` (1-based) for one question; [] when this question needs none."""
 
     @abstractmethod
-    def decide(self, item: ReaderInput, history: list[Generation]) -> Decision:
-        """The final answer from all of this question's generations."""
+    def decide(self, item: ReaderInput, history: list[Generation], settings: ReaderSettings | None = None) -> Decision:
+        """The final answer from all of this question's generations (no model call: votes are re-run freely)."""
 
 
 # ---- prompt filling and output parsing -----------------------------------------------------------
@@ -153,6 +155,21 @@ def register_parser(name: str, fn: Callable[[str], tuple[str, str]]) -> None:
     PARSERS[name] = fn
 
 
+def first_answer_vote(answers: list[str]) -> Decision:
+    """The answer of the highest-ranked passage that is not "unknown" (the pool is in passage rank order):
+    a rank-trusting alternative to the majority, for vote ablations."""
+    scores = tuple(0.0 for _ in answers)
+    chosen = next((a for a in answers if not is_unknown(a)), "unknown")
+    return Decision("first", tuple(answers), scores, chosen)
+
+
+def pool_vote(answers: list[str], method: str = "majority") -> Decision:
+    try:
+        return POOL_VOTES[method](answers)
+    except KeyError:
+        raise ValueError(f"unknown vote method {method!r}; known: {', '.join(POOL_VOTES)}") from None
+
+
 def majority_vote(answers: list[str]) -> Decision:
     """Majority vote over an answer pool (Post-Fusion, seed 001 eq. 2).
 
@@ -171,3 +188,6 @@ def majority_vote(answers: list[str]) -> Decision:
     counts = {k: len(v) for k, v in groups.items()}
     scores = tuple(float(counts.get(normalize_answer(a), 0)) if not is_unknown(a) else 0.0 for a in answers)
     return Decision("majority", candidates, scores, answers[best[1][0]])
+
+
+POOL_VOTES: dict[str, Callable[[list[str]], Decision]] = {"majority": majority_vote, "first": first_answer_vote}

@@ -25,5 +25,5 @@ class Concatenation(Reader):
             ]
         return [Call("answer", FIG7_SYSTEM, prompt, pids)]
 
-    def decide(self, item: ReaderInput, history: list[Generation]) -> Decision:
+    def decide(self, item: ReaderInput, history: list[Generation], settings: ReaderSettings | None = None) -> Decision:
         return majority_vote_or_single([g.parsed_answer for g in history if g.role == "answer"])

@@ -32,7 +32,7 @@ class _CoTPrompt(Reader):
             ]  # fmt: skip
         return [Call("answer", self.system, prompt, pids, max_tokens=COT_MAX_TOKENS, parser="final_answer")]
 
-    def decide(self, item: ReaderInput, history: list[Generation]) -> Decision:
+    def decide(self, item: ReaderInput, history: list[Generation], settings: ReaderSettings | None = None) -> Decision:
         answers = [g.parsed_answer for g in history if g.role == "answer"]
         return majority_vote_or_single(answers) if answers else Decision("single", (), (), "unknown")
 

@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 from ragledger.answers import is_unknown, normalize_answer
-from tasks.readers.base import Call, Decision, Generation, Reader, ReaderInput, ReaderSettings, fill, majority_vote
+from tasks.readers.base import Call, Decision, Generation, Reader, ReaderInput, ReaderSettings, fill, pool_vote
 from tasks.readers.concatenation import Concatenation, join_passages
 from tasks.readers.post_fusion import post_fusion_calls
 from tasks.readers.prompts_001 import DISTILL_USER, DISTILL_VERSION, FIG7_SYSTEM, FIG7_VERSION, majority_vote_or_single
@@ -24,6 +24,7 @@ class ConcatThenPF(Reader):
     name = "concat_pf"
     prompt_version = FIG7_VERSION
     rounds = 2
+    votes_over_pool = True  # the Post-Fusion fallback's pool
 
     def plan(self, round_no: int, item: ReaderInput, history: list[Generation], settings: ReaderSettings) -> list[Call]:
         if round_no == 1:
@@ -33,11 +34,11 @@ class ConcatThenPF(Reader):
             return []  # Concatenation answered: no fallback
         return post_fusion_calls(item, settings, role="fallback")
 
-    def decide(self, item: ReaderInput, history: list[Generation]) -> Decision:
+    def decide(self, item: ReaderInput, history: list[Generation], settings: ReaderSettings | None = None) -> Decision:
         fallback = _answers(history, 2)
         if fallback:
-            d = majority_vote(fallback)
-            return Decision("fallback-majority", d.candidates, d.scores, d.chosen)
+            d = pool_vote(fallback, settings.vote if settings else "majority")
+            return Decision(f"fallback-{d.method}", d.candidates, d.scores, d.chosen)
         first = _answers(history, 1)
         return majority_vote_or_single(first) if first else Decision("single", (), (), "unknown")
 
@@ -77,7 +78,7 @@ class PFThenConcat(Reader):
                     for s in range(settings.samples)]
         return [Call("distill", FIG7_SYSTEM, prompt, pids)]
 
-    def decide(self, item: ReaderInput, history: list[Generation]) -> Decision:
+    def decide(self, item: ReaderInput, history: list[Generation], settings: ReaderSettings | None = None) -> Decision:
         pool = tuple(_answers(history, 1))  # the PF answer pool: %NM asks whether distilling lost a correct one
         final = _answers(history, 2)
         if not final:

@@ -10,7 +10,7 @@ from tasks.readers.base import (
     ReaderInput,
     ReaderSettings,
     fill,
-    majority_vote,
+    pool_vote,
 )
 from tasks.readers.prompts_001 import FIG7_SYSTEM, FIG7_USER, FIG7_VERSION
 
@@ -33,11 +33,13 @@ class PostFusion(Reader):
     name = "post_fusion"
     prompt_version = FIG7_VERSION
     rounds = 1
+    votes_over_pool = True
 
     def plan(self, round_no: int, item: ReaderInput, history: list[Generation], settings: ReaderSettings) -> list[Call]:
         return post_fusion_calls(item, settings)
 
-    def decide(self, item: ReaderInput, history: list[Generation]) -> Decision:
+    def decide(self, item: ReaderInput, history: list[Generation], settings: ReaderSettings | None = None) -> Decision:
+        method = settings.vote if settings else "majority"
         if not history:
-            return Decision("majority", (), (), "unknown")
-        return majority_vote([g.parsed_answer for g in history if g.role == "answer"])
+            return Decision(method, (), (), "unknown")
+        return pool_vote([g.parsed_answer for g in history if g.role == "answer"], method)

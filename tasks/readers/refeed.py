@@ -91,7 +91,7 @@ class Refeed(Reader):
         return [Call("refine", OPEN_SYSTEM, prompt, tuple(p.pid for p in passages), temperature=0.0, logprobs=True,
                      parser="answer_is")]
 
-    def decide(self, item: ReaderInput, history: list[Generation]) -> Decision:
+    def decide(self, item: ReaderInput, history: list[Generation], settings: ReaderSettings | None = None) -> Decision:
         initial = next((g for g in history if g.role == "initial"), None)
         refined = next((g for g in history if g.role == "refine"), None)
         if initial is None:
@@ -112,7 +112,7 @@ class RefeedRefined(Refeed):
 
     name = "refeed_refined"
 
-    def decide(self, item: ReaderInput, history: list[Generation]) -> Decision:
+    def decide(self, item: ReaderInput, history: list[Generation], settings: ReaderSettings | None = None) -> Decision:
         d = super().decide(item, history)
         if d.method in ("refeed-logprob", "refeed-no-logprobs"):
             return Decision("refeed-refined", d.candidates, d.scores, d.candidates[1] or "unknown")

@@ -215,7 +215,7 @@ class SuRe(Reader):
                               (), max_tokens=LABEL_MAX_TOKENS, parser="passage_choice"))
         return calls
 
-    def decide(self, item: ReaderInput, history: list[Generation]) -> Decision:
+    def decide(self, item: ReaderInput, history: list[Generation], settings: ReaderSettings | None = None) -> Decision:
         cands = _candidates(history)
         if not cands:
             return Decision("sure-unparseable", (), (), "unknown")
@@ -255,7 +255,7 @@ class SuReBase(Reader):
         prompt = fill(BASE_USER, passages=passages_block(item.passages), question=item.question).lstrip()
         return [Call("answer", SYSTEM, prompt, tuple(p.pid for p in item.passages))]
 
-    def decide(self, item: ReaderInput, history: list[Generation]) -> Decision:
+    def decide(self, item: ReaderInput, history: list[Generation], settings: ReaderSettings | None = None) -> Decision:
         g = next((g for g in history if g.role == "answer"), None)
         answer = g.parsed_answer if g is not None else ""
         return Decision("single", (answer,), (1.0,), answer or "unknown")
