@@ -19,6 +19,7 @@ from typing import Any
 
 from prefect import flow, task
 from prefect.results import get_result_store
+from prefect.runtime import flow_run
 
 from ragledger import progress
 from ragledger.datasets import load_questions, sample_questions
@@ -60,12 +61,16 @@ class RunSummary:
     retries: int = 0
     tasks_total: int = 0
     tasks_from_cache: int = 0
+    task_processes: int = 0  # distinct processes that ran this run's stage tasks (1 = threads; >1 = Dask workers)
+    stage_seconds: dict[str, float] = field(default_factory=dict)  # wall time per stage: where the run's time went
     wall_time_s: float = 0.0
     mlflow_parent_run_id: str | None = None
     mlflow_cell_run_ids: dict[str, str] = field(default_factory=dict)
     tracking_uri: str = ""
     mlflow_experiment_id: str | None = None
     manifest: str | None = None
+    flow_run_id: str | None = None
+    root_flow_run_id: str | None = None  # the scheduled parent flow run, when run as a subflow
 
 
 def shard(qids: list[str], size: int) -> list[list[str]]:
@@ -102,7 +107,8 @@ def log_to_mlflow(spec_dict: dict, summary_dict: dict, cell_segments: dict[str, 
     logger = MlflowLogger(tracking_uri, spec.tracking.mlflow_experiment or spec.name)
     logger.close_abandoned_runs()
     common_tags = {"ragledger.experiment": spec.name, "ragledger.spec_hash": summary_dict["spec_hash"],
-                   "ragledger.dataset": f"{spec.dataset.name}:{spec.dataset.path}"}
+                   "ragledger.dataset": f"{spec.dataset.name}:{spec.dataset.path}",
+                   "ragledger.flow_run_id": summary_dict.get("flow_run_id") or ""}
     parent = logger.start_run(spec.name, {**common_tags, "ragledger.level": "experiment"})
     params: dict[str, str] = {}
     shown = safe_spec(spec_dict)
@@ -135,17 +141,25 @@ def in_cell(params: dict, cell: CellPlan) -> bool:
 
 
 def recall_curve_files(store: EventStore, questions_df, segments: dict[str, list[str | None]], out_dir: Path) -> list[str]:
-    """Recall@k for every k up to the deepest rank, per retriever: a PNG plot and the CSV behind it."""
+    """Recall@k for every k up to the deepest rank, per retriever: a PNG plot and the CSV behind it.
+    A projection of immutable segments: computed once per set of segments (out_dir is named by them)."""
     from tracking.recall_curve import plot_recall_curve, recall_at_k_curve
 
+    files = [out_dir / "recall_at_k.csv", out_dir / "recall_at_k.png"]
+    if all(f.exists() for f in files):
+        return [str(f) for f in files]
     paths = [s for segs in segments.values() for s in segs if s]
     retrievals = store.read("retrievals", paths=paths)
     if retrievals.empty:
         return []
     curve = recall_at_k_curve(retrievals, questions_df, list(segments))
     out_dir.mkdir(parents=True, exist_ok=True)
-    curve.to_csv(out_dir / "recall_at_k.csv", index=False)
-    return [str(out_dir / "recall_at_k.csv"), str(plot_recall_curve(curve, out_dir / "recall_at_k.png"))]
+    tmp = out_dir / f".tmp-{uuid.uuid4().hex}"  # written aside, then renamed: a killed run leaves no half file
+    curve.to_csv(tmp.with_suffix(".csv"), index=False)
+    plot_recall_curve(curve, tmp.with_suffix(".png"))
+    for f in files:
+        tmp.with_suffix(f.suffix).replace(f)
+    return [str(f) for f in files]
 
 
 def _resolve(future_or_result) -> StageResult:
@@ -190,6 +204,7 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
              for r in spec.retrievers for k, e in entries.items()]
     counters = {"llm_calls": 0, "cache_hits": 0, "retries": 0}
     tasks_total = tasks_cached = 0
+    task_pids: set[int] = set()
 
     def account(results: list[StageResult]) -> None:
         nonlocal tasks_total, tasks_cached
@@ -198,6 +213,7 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
             if r.run_token != run_token:
                 tasks_cached += 1
             else:
+                task_pids.add(r.pid)
                 for k in counters:
                     counters[k] += r.counters.get(k, 0)
 
@@ -235,6 +251,16 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
             url = endpoint_url() if must_call else (base_url or spec.model.base_url or "")
             retrieve_params[(r, sid)] = dict(spec_dict=spec_dict, store_root=store_root, questions_segment=q_segment,
                                             retriever_name=r, qids=s, stage_key=key, run_token=run_token, base_url=url)
+    stage_started = time.perf_counter()
+    stage_seconds: dict[str, float] = {}
+
+    def stage_done(name: str) -> None:
+        nonlocal stage_started
+        now = time.perf_counter()
+        stage_seconds[name] = round(now - stage_started, 2)
+        stage_started = now
+
+    stage_seconds["prepare"] = round(stage_started - started, 2)
     progress.set_total("retrieve", len(retrieve_params))
     try:
         futures = {k: retrieve_task.submit(**p) for k, p in retrieve_params.items()}
@@ -245,6 +271,7 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
         raise
     account(list(retrieved.values()))
     progress.advance("retrieve", len(retrieved))
+    stage_done("retrieve")
 
     # 2. generate rounds: one task per (cell, shard, round); the endpoint starts only if a task must run
     gen_keys: dict[tuple[str, str, int], str] = {}
@@ -290,12 +317,13 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
     for c in cells:
         for sid, s in zip(shard_ids, shards, strict=True):
             last_gen = gen_keys[(c.name, sid, c.rounds)]
-            vkey = stable_hash("vote", last_gen, get_reader(entries[c.strategy].name).vote_version)
+            vkey = stable_hash("vote", last_gen, get_reader(entries[c.strategy].name).vote_version, entries[c.strategy].vote)
             vote_params.append(dict(
                 spec_dict=spec_dict, store_root=store_root, questions_segment=q_segment, retriever_name=c.retriever,
                 strategy=c.strategy, qids=s, retrieval_segments=[retrieved[(c.retriever, sid)].segment],
                 generation_segments=[g.segment for g in generations[(c.name, sid)]], stage_key=vkey, run_token=run_token,
             ))  # fmt: skip
+    stage_done("generate")
     progress.set_total("vote", len(vote_params))
     votes = _checked(vote_task, [vote_task.submit(**p) for p in vote_params], vote_params)
     account(votes)
@@ -307,13 +335,17 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
             generation_segments=vp["generation_segments"], vote_segment=v.segment,
             stage_key=stable_hash("evaluate", vp["stage_key"], EVALUATE_VERSION), run_token=run_token,
         ))  # fmt: skip
+    stage_done("vote")
     progress.set_total("evaluate", len(eval_params))
     evals = _checked(evaluate_task, [evaluate_task.submit(**p) for p in eval_params], eval_params)
     account(evals)
     progress.advance("evaluate", len(evals))
 
     # metrics per cell, from the stored records of this run
+    stage_done("evaluate")
     summary = RunSummary(spec.name, spec_hash, len(qids))
+    summary.flow_run_id = str(flow_run.id) if flow_run.id else None
+    summary.root_flow_run_id = str(flow_run.root_flow_run_id) if flow_run.root_flow_run_id else None
     cell_segments: dict[str, dict[str, list[str]]] = {}
     questions_df = store.read("questions", paths=[q_segment])
     for c in cells:
@@ -331,14 +363,18 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
 
     summary.llm_calls, summary.cache_hits, summary.retries = counters["llm_calls"], counters["cache_hits"], counters["retries"]
     summary.tasks_total, summary.tasks_from_cache = tasks_total, tasks_cached
+    summary.task_processes = len(task_pids)
     summary.tracking_uri = tracking_uri or resolve_tracking_uri(spec.tracking.mlflow_uri)
     summary.wall_time_s = round(time.perf_counter() - started, 2)
     run_stats = {"llm_calls": summary.llm_calls, "cache_hits": summary.cache_hits, "retries": summary.retries,
                  "tasks_total": tasks_total, "tasks_from_cache": tasks_cached, "wall_time_s": summary.wall_time_s}
-    analysis_dir = Path(store_root) / "runs" / spec.name / f"analysis-{run_token[:8]}"
     by_retriever = {r: [retrieved[(r, sid)].segment for sid in shard_ids] for r in spec.retrievers}
+    analysis_dir = Path(store_root) / "runs" / spec.name / f"recall-{stable_hash(by_retriever, q_segment, length=12)}"
     analysis_files = recall_curve_files(store, questions_df, by_retriever, analysis_dir)
+    stage_done("metrics")
     logged = log_to_mlflow(spec_dict, asdict(summary), cell_segments, run_stats, summary.tracking_uri, analysis_files)
+    stage_done("mlflow")
+    summary.stage_seconds = stage_seconds
     summary.mlflow_parent_run_id = logged["parent"]
     summary.mlflow_cell_run_ids = logged["cells"]
     summary.mlflow_experiment_id = logged["experiment_id"]
@@ -350,3 +386,37 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
                                        "spec": safe_spec(spec_dict)}, indent=2, default=str))
     summary.manifest = str(manifest)
     return asdict(summary)
+
+
+def task_runner_for(runner: str, workers: int, scheduler_address: str | None = None):
+    """None = Prefect's default thread pool; "dask" = prefect-dask on a LocalCluster of worker processes (or an
+    existing scheduler). Workers need PREFECT_API_URL in their environment (ragledger.prefect_server sets it)."""
+    if runner == "thread":
+        return None
+    if runner != "dask":
+        raise ValueError(f"execution.runner: unknown runner {runner!r} (thread, dask)")
+    from prefect_dask import DaskTaskRunner
+
+    if scheduler_address:
+        return DaskTaskRunner(address=scheduler_address)
+    # processes: retrieval (JVM, FAISS) and parsing are CPU work; a few threads each for model-call waits
+    return DaskTaskRunner(cluster_kwargs={"n_workers": workers, "threads_per_worker": 4, "processes": True,
+                                          "dashboard_address": None})
+
+
+def run_experiment(spec_dict: dict, store_root: str, base_url: str | None = None, tracking_uri: str | None = None,
+                   runner: str | None = None, workers: int | None = None, scheduler_address: str | None = None) -> dict:
+    """Run the flow with the runner the spec asks for, unless runner/workers/scheduler_address override it."""
+    execution = ExperimentSpec.model_validate(spec_dict).execution
+    task_runner = task_runner_for(runner or execution.runner, workers or execution.workers,
+                                  scheduler_address or execution.scheduler_address)
+    flow_fn = experiment_flow if task_runner is None else experiment_flow.with_options(task_runner=task_runner)
+    return flow_fn(spec_dict, store_root, tracking_uri, base_url)
+
+
+@flow(name="ragledger-scheduled", version=FLOW_VERSION)
+def scheduled_experiment(spec_dict: dict, store_root: str, tracking_uri: str, runner: str | None = None,
+                         workers: int | None = None) -> dict:
+    """What a `ragledger schedule` deployment runs: the experiment as a subflow, on the runner asked for
+    (a deployment re-imports its flow by entrypoint, so the task runner is chosen here, at run time)."""
+    return run_experiment(spec_dict, store_root, tracking_uri=tracking_uri, runner=runner, workers=workers)

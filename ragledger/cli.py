@@ -42,6 +42,12 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     return (SpecError, DatasetError, BackendError, EmbeddedServerError, ModelFetchError, RecordValidationError)
 
 
+def _usage_error(message: str) -> BaseException:
+    from schemas.spec import SpecError
+
+    return SpecError(message)
+
+
 def _fail(message: str, code: int = 2) -> None:
     err.print(f"[bold red]error:[/] {message}", highlight=False, markup=True)
     raise typer.Exit(code)
@@ -78,6 +84,9 @@ def run(
     store: Annotated[str | None, typer.Option(help="event store directory (overrides tracking.store)")] = None,
     base_url: Annotated[str | None, typer.Option(help="use this OpenAI-compatible endpoint instead of the spec's")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="also write the run summary as JSON here")] = None,
+    runner: Annotated[str | None, typer.Option(help="task runner: thread (default) or dask (overrides execution.runner)")] = None,
+    workers: Annotated[int | None, typer.Option(help="Dask worker processes of the local cluster")] = None,
+    scheduler: Annotated[str | None, typer.Option(help="Dask: an existing scheduler address instead of a local cluster")] = None,
 ) -> None:
     """Run an experiment: retrieve -> generate -> vote -> evaluate, tracked in the store and MLflow."""
     from schemas.spec import load_spec
@@ -86,15 +95,19 @@ def run(
     try:  # every input is checked before anything is written (no .ragledger/ is created on bad input)
         spec = load_spec(spec_path)
         preflight(spec)
+        if runner not in (None, "thread", "dask"):
+            raise _usage_error(f"--runner: unknown runner {runner!r} (thread, dask)")
+        if workers is not None and workers <= 0:
+            raise _usage_error("--workers must be a positive integer")
     except errors as exc:
         _fail(str(exc))
     from ragledger.prefect_env import configure_prefect_home
+    from ragledger.prefect_server import PrefectServerError, prefect_api
 
     configure_prefect_home(Path.cwd())
     store_root = store or spec.tracking.store
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from flows.experiment import experiment_flow
     from ragledger import progress as prog
 
     console.print(f"[bold]ragledger[/] experiment [cyan]{spec.name}[/]: {len(spec.retrievers)} retriever(s) × "
@@ -117,8 +130,12 @@ def run(
 
         prog.set_listener(advance, total)
         try:
-            summary = experiment_flow(spec.model_dump(), store_root, None, base_url)
-        except errors as exc:
+            with prefect_api():
+                from flows.experiment import run_experiment
+
+                summary = run_experiment(spec.model_dump(), store_root, base_url=base_url, runner=runner,
+                                         workers=workers, scheduler_address=scheduler)
+        except (*errors, PrefectServerError) as exc:
             _fail(str(exc))
         finally:
             prog.set_listener(None)
@@ -312,6 +329,10 @@ def models_fetch(name: Annotated[str, typer.Argument(help="bundled model name")]
 from ragledger.cli_analysis import register as _register_analysis  # noqa: E402
 
 _register_analysis(app)
+# operating it: the local Prefect server, schedules, flow runs (ragledger/cli_ops.py)
+from ragledger.cli_ops import register as _register_ops  # noqa: E402
+
+_register_ops(app)
 
 if __name__ == "__main__":
     app()

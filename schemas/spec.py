@@ -62,8 +62,9 @@ class ModelSpec(_Strict):
 
 class ExecutionSpec(_Strict):
     shard_size: int = Field(25, gt=0, description="questions per Prefect task run")
-    runner: Literal["thread", "dask"] = "thread"
-    workers: int = Field(2, gt=0)
+    runner: Literal["thread", "dask"] = Field("thread", description="Prefect task runner: threads in this process, or Dask")
+    workers: int = Field(2, gt=0, description="Dask: worker processes of the local cluster")
+    scheduler_address: str | None = Field(None, description="Dask: an existing scheduler (tcp://host:8786), not a local cluster")
 
 
 class TrackingSpec(_Strict):
@@ -80,12 +81,15 @@ class ReaderEntry(_Strict):
     sample_temperature: float = Field(0.7, ge=0, le=2, description="temperature of the p samples")
     feedback_k: int | None = Field(None, gt=0, le=100, description="REFEED: documents retrieved with question+answer; "
                                    "default 10 (seed 003)")
+    vote: Literal["majority", "first"] = Field("majority", description="how a reader's answer pool becomes one "
+                                               "answer (Post-Fusion, Concat+PF): majority (001 eq. 2) or first "
+                                               "non-unknown by passage rank; changes no model call")
     label: str | None = Field(None, min_length=1, pattern=r"^[^·\[\]]+$",
                               description="cell label; default derived from the settings")
 
     def settings_dict(self) -> dict:
         """The settings that change model calls (they enter the generate cache keys)."""
-        return self.model_dump(exclude={"name", "label"})
+        return self.model_dump(exclude={"name", "label", "vote"})
 
     @property
     def is_default(self) -> bool:
@@ -96,8 +100,8 @@ class ReaderEntry(_Strict):
         """The strategy label used in cells and records: the name, plus any non-default setting."""
         if self.label:
             return self.label
-        default = ReaderEntry(name=self.name).settings_dict()
-        diff = [f"{k}={v}" for k, v in self.settings_dict().items() if v != default[k]]
+        default = ReaderEntry(name=self.name).model_dump(exclude={"name", "label"})
+        diff = [f"{k}={v}" for k, v in self.model_dump(exclude={"name", "label"}).items() if v != default[k]]
         return f"{self.name}({','.join(diff)})" if diff else self.name  # no [ ]: rich reads them as markup
 
 
@@ -154,6 +158,9 @@ class ExperimentSpec(_Strict):
             name = e if isinstance(e, str) else e.name
             if name not in READERS:
                 raise ValueError(f"unknown reader strategy {name!r}; known: {', '.join(sorted(READERS))}")
+            if isinstance(e, ReaderEntry) and e.vote != "majority" and not READERS[name].votes_over_pool:
+                pooled = sorted(n for n, r in READERS.items() if r.votes_over_pool)
+                raise ValueError(f"readers: {name!r} has no answer pool to vote over (vote applies to {', '.join(pooled)})")
         keys = [e if isinstance(e, str) else e.key for e in entries]
         if len(set(keys)) != len(keys):
             raise ValueError(f"duplicate reader entries: {sorted(k for k in set(keys) if keys.count(k) > 1)}")

@@ -8,7 +8,8 @@ task code runs in the thread runner and on Dask workers.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ class StageResult:
     rows: int
     run_token: str  # the run that executed the task; differs from the current run on a cache hit
     counters: dict[str, int]
+    pid: int = field(default_factory=os.getpid)  # the process that ran it: the flow's, or a Dask worker's
 
     def segment_exists(self) -> bool:
         return self.segment is None or Path(self.segment).exists()

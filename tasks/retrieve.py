@@ -67,7 +67,7 @@ def run_retrieve(spec_dict: dict, store_root: str, questions_segment: str, retri
     rows = retrieval_rows(spec.name, retriever, stage_key, results)
     crashpoint("retrieve.done")
     segment = store.write("retrievals", new_events("retrievals", spec.name, rows)) if rows else None
-    progress.advance("retrieve", len(qids))
+    progress.advance("retrieve questions", len(qids))
     counters = {}
     if client is not None:
         c = client.counters

@@ -1,0 +1,193 @@
+"""Operating ragledger: the local Prefect server, scheduled experiments, and the list of flow runs."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+server_app = typer.Typer(help="The long-running local Prefect server (schedules, flow-run history, Prefect UI).",
+                         no_args_is_help=True)
+
+EXPERIMENT_FLOWS = ["ragledger-experiment", "ragledger-scheduled"]
+
+
+def _cli():
+    from ragledger import cli
+
+    return cli
+
+
+@server_app.command("start")
+def server_start(port: Annotated[int, typer.Option(help="port on 127.0.0.1")] = 4200) -> None:
+    """Start the local Prefect server in the background (idempotent); `ragledger run` then uses it."""
+    from ragledger.prefect_env import configure_prefect_home
+    from ragledger.prefect_server import PrefectServerError, start_persistent_server
+
+    configure_prefect_home(Path.cwd())
+    try:
+        url, started = start_persistent_server(port)
+    except PrefectServerError as exc:
+        _cli()._fail(str(exc))
+    _cli().console.print(f"Prefect server {'started' if started else 'already running'}: {url} "
+                         f"(UI at {url.removesuffix('/api')}; stop with `ragledger server stop`)")
+
+
+@server_app.command("stop")
+def server_stop() -> None:
+    """Stop the local Prefect server started by `ragledger server start`."""
+    from ragledger.prefect_env import configure_prefect_home
+    from ragledger.prefect_server import stop_persistent_server
+
+    configure_prefect_home(Path.cwd())
+    _cli().console.print("Prefect server stopped" if stop_persistent_server() else "no ragledger Prefect server was running")
+
+
+@server_app.command("status")
+def server_status() -> None:
+    """Say whether the local Prefect server runs, and where."""
+    from ragledger.prefect_env import configure_prefect_home
+    from ragledger.prefect_server import persistent_server_url
+
+    configure_prefect_home(Path.cwd())
+    url = os.environ.get("PREFECT_API_URL") or persistent_server_url()
+    _cli().console.print(f"Prefect API: {url}" if url else "no Prefect server running (each `ragledger run` starts a "
+                         "temporary one); start one with `ragledger server start`")
+    raise typer.Exit(0 if url else 1)
+
+
+def schedule(
+    spec_path: Annotated[Path, typer.Argument(help="experiment spec (YAML)", metavar="SPEC")],
+    cron: Annotated[str | None, typer.Option(help='cron expression, e.g. "0 3 * * *" (03:00 every day)')] = None,
+    interval: Annotated[float | None, typer.Option(help="or: every N seconds")] = None,
+    name: Annotated[str | None, typer.Option(help="deployment name (default: the spec's name)")] = None,
+    store: Annotated[str | None, typer.Option(help="event store directory (overrides tracking.store)")] = None,
+    runner: Annotated[str | None, typer.Option(help="task runner of the scheduled runs: thread or dask")] = None,
+    workers: Annotated[int | None, typer.Option(help="Dask worker processes")] = None,
+) -> None:
+    """Create a Prefect deployment that runs SPEC on a schedule, and serve it (this process keeps running).
+
+    The spec is read now and frozen into the deployment's parameters; relative store and MLflow paths are
+    made absolute, so the scheduled runs write where `ragledger run` here would.
+    """
+    cli = _cli()
+    from schemas.spec import load_spec
+
+    errors = cli._user_errors()
+    try:
+        spec = load_spec(spec_path)
+        cli.preflight(spec)
+        if (cron is None) == (interval is None):
+            raise cli._usage_error("give exactly one of --cron or --interval")
+        if interval is not None and interval <= 0:
+            raise cli._usage_error("--interval must be a positive number of seconds")
+        if cron is not None:
+            from prefect._internal.schemas.validators import validate_cron_string
+
+            try:
+                validate_cron_string(cron)
+            except ValueError as exc:
+                raise cli._usage_error(f"--cron: {exc}") from None
+        if runner not in (None, "thread", "dask"):
+            raise cli._usage_error(f"--runner: unknown runner {runner!r} (thread, dask)")
+    except errors as exc:
+        cli._fail(str(exc))
+    from ragledger.prefect_env import configure_prefect_home
+    from ragledger.prefect_server import PrefectServerError, start_persistent_server
+
+    configure_prefect_home(Path.cwd())
+    try:
+        url = os.environ.get("PREFECT_API_URL") or start_persistent_server()[0]
+    except PrefectServerError as exc:
+        cli._fail(str(exc))
+    os.environ["PREFECT_API_URL"] = url
+    from flows.experiment import scheduled_experiment
+    from tracking.mlflow_log import resolve_tracking_uri
+
+    params = {"spec_dict": spec.model_dump(), "store_root": str(Path(store or spec.tracking.store).resolve()),
+              "tracking_uri": resolve_tracking_uri(spec.tracking.mlflow_uri), "runner": runner, "workers": workers}
+    deployment = name or spec.name
+    when = f"cron {cron!r}" if cron else f"every {interval:g} s"
+    cli.console.print(f"serving deployment [cyan]ragledger-scheduled/{deployment}[/] ({when}) on {url}; "
+                      "Ctrl-C stops the schedule; `ragledger runs` lists its runs")
+    scheduled_experiment.serve(name=deployment, cron=cron, interval=interval, parameters=params,
+                               tags=["ragledger", spec.name], print_starting_message=False,
+                               limit=1)  # one run at a time: a slow run delays the next instead of overlapping it
+
+
+def runs(
+    limit: Annotated[int, typer.Option(help="how many flow runs, newest first")] = 20,
+    experiment: Annotated[str | None, typer.Option(help="only this experiment (spec name)")] = None,
+) -> None:
+    """Recent experiment flow runs (manual and scheduled) with their state and MLflow parent run id."""
+    cli = _cli()
+    from ragledger.prefect_env import configure_prefect_home
+    from ragledger.prefect_server import PrefectServerError, prefect_api
+
+    configure_prefect_home(Path.cwd())
+    try:
+        with prefect_api() as url:
+            rows = _flow_runs(limit, experiment)
+    except PrefectServerError as exc:
+        cli._fail(str(exc))
+    table = Table(title=f"flow runs on {url}")
+    for col in ("flow run", "flow", "state", "started (UTC)", "seconds", "experiment", "MLflow parent run"):
+        table.add_column(col, no_wrap=True)
+    for r in rows:
+        table.add_row(*(str(r[k]) for k in ("name", "flow", "state", "started", "seconds", "experiment", "mlflow_run")))
+    cli.console.print(table)
+    if not rows:
+        cli.console.print("no experiment flow runs recorded in this Prefect database yet")
+
+
+def _flow_runs(limit: int, experiment: str | None) -> list[dict[str, Any]]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    with get_client(sync_client=True) as client:
+        flows = {f.id: f.name for f in client.read_flows(flow_filter=FlowFilter(name=FlowFilterName(any_=EXPERIMENT_FLOWS)))}
+        found = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=EXPERIMENT_FLOWS)),
+                                      sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=limit * 4 + 100)
+    # a schedule keeps future runs queued: show only the next of those, then what ran
+    upcoming = [fr for fr in found if fr.state_name == "Scheduled"]
+    found = upcoming[-1:] + [fr for fr in found if fr.state_name != "Scheduled"]
+    rows = []
+    for fr in found:
+        if fr.parent_task_run_id:  # an experiment run as a scheduled run's subflow: its parent's row shows it
+            continue
+        spec = fr.parameters.get("spec_dict") or {}
+        name = spec.get("name", "?")
+        if experiment and name != experiment:
+            continue
+        store = fr.parameters.get("store_root")
+        rows.append({"name": fr.name, "flow": flows.get(fr.flow_id, "?"), "state": fr.state_name or "?",
+                     "started": fr.start_time.strftime("%Y-%m-%d %H:%M:%S") if fr.start_time else "-",
+                     "seconds": f"{fr.total_run_time.total_seconds():.1f}" if fr.total_run_time else "-",
+                     "experiment": name, "mlflow_run": _mlflow_run_of(store, name, str(fr.id)) or "-",
+                     "id": str(fr.id)})
+    return rows[:limit]
+
+
+def _mlflow_run_of(store_root: str | None, experiment: str, flow_run_id: str) -> str | None:
+    """The MLflow parent run id a flow run recorded in its run manifest (`<store>/runs/<experiment>/*.json`)."""
+    if not store_root:
+        return None
+    for manifest in sorted((Path(store_root) / "runs" / experiment).glob("*.json"), reverse=True):
+        try:
+            summary = json.loads(manifest.read_text())["summary"]
+        except (OSError, ValueError, KeyError):
+            continue
+        if flow_run_id in (summary.get("flow_run_id"), summary.get("root_flow_run_id")):
+            return summary.get("mlflow_parent_run_id")
+    return None
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(server_app, name="server")
+    app.command()(schedule)
+    app.command()(runs)

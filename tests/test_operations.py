@@ -1,0 +1,161 @@
+"""Operating ragledger (issue 6): the Dask runner gives the default runner's results, a scheduled
+deployment fires and its MLflow runs appear, `ragledger runs` lists flow runs with their MLflow run ids,
+and a command's temporary Prefect server dies with it (even on SIGKILL)."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from tests.fakes.openai_server import ScriptedServer
+from tests.test_reliability import RAGLEDGER, cli, make_data, outcome_table, reader, write_spec
+
+
+def table_hash(rows: list[tuple]) -> str:
+    return hashlib.sha256(json.dumps(rows, default=str).encode()).hexdigest()
+
+
+def test_dask_runner_gives_the_default_runners_outcomes(tmp_path):
+    thread_ws, dask_ws = tmp_path / "thread", tmp_path / "dask"
+    for ws in (thread_ws, dask_ws):
+        ws.mkdir()
+        make_data(ws, 16)
+    with ScriptedServer(answer=reader, delay_s=0.01) as server:
+        summaries = {}
+        for ws, extra in ((thread_ws, []), (dask_ws, ["--runner", "dask", "--workers", "2"])):
+            proc = cli(ws, "run", str(write_spec(ws, server.base_url)), "--json", str(ws / "summary.json"), *extra)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            summaries[ws.name] = json.loads((ws / "summary.json").read_text())
+    thread_rows, dask_rows = outcome_table(thread_ws), outcome_table(dask_ws)
+    assert len(thread_rows) == 2 * 16
+    assert table_hash(dask_rows) == table_hash(thread_rows)
+    # the Dask run really ran its stage tasks in the two worker processes, the default run in its own process
+    assert summaries["thread"]["task_processes"] == 1
+    assert summaries["dask"]["task_processes"] == 2
+    print(f"outcome table hash, thread runner == dask runner (2 workers): {table_hash(thread_rows)[:16]}")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(ws: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env["RAGLEDGER_INDEX_DIR"] = str(ws / "indexes")
+    return env
+
+
+def test_a_scheduled_deployment_fires_and_its_mlflow_runs_appear(tmp_path):
+    make_data(tmp_path, 6)
+    port = _free_port()
+    started = cli(tmp_path, "server", "start", "--port", str(port), timeout=400)
+    assert started.returncode == 0, started.stdout + started.stderr
+    schedule = None
+    try:
+        with ScriptedServer(answer=reader) as server:
+            spec = write_spec(tmp_path, server.base_url, name="nightly")
+            with open(tmp_path / "schedule.log", "w") as log:
+                schedule = subprocess.Popen([RAGLEDGER, "schedule", str(spec), "--interval", "10"], cwd=tmp_path,
+                                            env=_env(tmp_path), stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+            import mlflow
+
+            mlflow.set_tracking_uri(f"sqlite:///{tmp_path / '.ragledger' / 'mlflow.db'}")
+            parents = []
+            deadline = time.monotonic() + 420
+            while time.monotonic() < deadline and not parents:
+                time.sleep(5)
+                assert schedule.poll() is None, (tmp_path / "schedule.log").read_text()[-3000:]
+                with contextlib.suppress(Exception):
+                    runs = mlflow.search_runs(experiment_names=["nightly"], output_format="list")
+                    parents = [r for r in runs if r.data.tags.get("ragledger.level") == "experiment"
+                               and r.info.status == "FINISHED"]
+            assert parents, "no scheduled run finished in time:\n" + (tmp_path / "schedule.log").read_text()[-3000:]
+            flow_run_id = parents[0].data.tags["ragledger.flow_run_id"]
+            assert flow_run_id
+            listed = cli(tmp_path, "runs", "--experiment", "nightly")
+            assert listed.returncode == 0, listed.stderr
+            assert "Completed" in listed.stdout and parents[0].info.run_id in listed.stdout, listed.stdout
+            print(f"scheduled run fired: MLflow parent run {parents[0].info.run_id}\n{listed.stdout}")
+    finally:
+        if schedule is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(schedule.pid, signal.SIGKILL)
+        stopped = cli(tmp_path, "server", "stop")
+        assert stopped.returncode == 0, stopped.stderr
+
+
+def test_a_killed_commands_temporary_prefect_server_dies_with_it(tmp_path):
+    code = (
+        "import os, sys, time\n"
+        "from ragledger.prefect_server import temporary_server\n"
+        "with temporary_server() as url:\n"
+        "    print(url, flush=True)\n"
+        "    time.sleep(600)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        url = proc.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:"), url
+        from ragledger.prefect_server import healthy
+
+        assert healthy(url)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 20
+        while healthy(url) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not healthy(url), "the temporary Prefect server outlived its SIGKILLed command"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_runs_and_schedule_reject_bad_arguments(tmp_path):
+    make_data(tmp_path, 2)
+    spec = write_spec(tmp_path, "http://127.0.0.1:9/v1")
+    both = cli(tmp_path, "schedule", str(spec), "--cron", "* * * * *", "--interval", "5")
+    assert both.returncode == 2 and "exactly one of --cron or --interval" in both.stderr
+    bad = cli(tmp_path, "schedule", str(spec), "--cron", "every day")
+    assert bad.returncode == 2 and "--cron" in bad.stderr and "Invalid cron string" in bad.stderr, bad.stderr
+    runner = cli(tmp_path, "run", str(spec), "--runner", "spark")
+    assert runner.returncode == 2 and "--runner: unknown runner 'spark'" in runner.stderr
+    assert not (tmp_path / ".ragledger" / "store").exists()
+    data = yaml.safe_load(spec.read_text())
+    assert data["name"] == "rel"
+
+
+def test_compose_stack_is_local_first_and_holds_no_secret():
+    """infra/compose.yaml cannot run here (no Docker engine, no GPU); check what can be checked: it parses,
+    has the four services, publishes every port on 127.0.0.1 only, and takes passwords from the environment."""
+    repo = Path(__file__).resolve().parent.parent
+    text = (repo / "infra" / "compose.yaml").read_text()
+    compose = yaml.safe_load(text)
+    assert set(compose["services"]) == {"postgres", "mlflow", "prefect", "vllm"}
+    for name, service in compose["services"].items():
+        for port in service.get("ports", []):
+            assert str(port).startswith("127.0.0.1:"), (name, port)
+        for key, value in (service.get("environment") or {}).items():
+            if any(word in key.upper() for word in ("PASSWORD", "TOKEN", "SECRET")):
+                assert str(value).startswith("${"), (name, key)
+            value = str(value)
+            if "://" in value and "@" in value:  # user:password@host would put the password in a URI
+                assert ":" not in value.split("://", 1)[1].split("@", 1)[0], (name, key)
+    assert "--max-num-seqs ${VLLM_MAX_SEQS:-64}" in text
+    vllm_spec = yaml.safe_load((repo / "configs" / "vllm.yaml").read_text())
+    assert vllm_spec["model"]["concurrency"] == 64  # matches the recipe's max concurrent sequences
