@@ -20,7 +20,8 @@ import yaml
 
 from ragledger.crash import crashpoint
 
-SECRET_PATTERN = re.compile(r"(?i)(api[_-]?key|password|secret|token)")
+# a key naming a credential; "token" only as the last word, so max_tokens (a sampling parameter) stays visible
+SECRET_PATTERN = re.compile(r"(?i)(api[_-]?key|password|passwd|secret|(^|[_.-])token$)")
 
 
 def default_tracking_uri(workdir: Path | None = None) -> str:

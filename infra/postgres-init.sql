@@ -1,0 +1,2 @@
+-- a second database for the Prefect server (the first, mlflow, is POSTGRES_DB)
+CREATE DATABASE prefect;

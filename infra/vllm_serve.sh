@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# vLLM serving recipe for ragledger (needs an NVIDIA GPU; cannot run on the CPU-only dev machines).
+#   pip install -c constraints.txt -e ".[vllm]"   then   bash infra/vllm_serve.sh
+# The client side must match: configs/vllm.yaml sets model.name = $VLLM_MODEL and
+# model.concurrency = $VLLM_MAX_SEQS (ragledger keeps at most that many requests in flight, which is what
+# vLLM batches at once; more would only queue in the server, fewer would leave batch slots idle).
+set -euo pipefail
+VLLM_MODEL="${VLLM_MODEL:-Qwen/Qwen2.5-7B-Instruct}"   # any chat model vLLM serves; 7B fits one 24 GB GPU in bf16
+VLLM_TP="${VLLM_TP:-1}"                                  # tensor parallel size = GPUs per replica (2 for a 14B on 24 GB cards)
+VLLM_MAX_SEQS="${VLLM_MAX_SEQS:-64}"                    # max concurrent sequences per batch
+VLLM_MAX_LEN="${VLLM_MAX_LEN:-8192}"                    # context: 20 passages x ~150 tokens + prompt fits in 4k; SuRe needs more
+VLLM_PORT="${VLLM_PORT:-8000}"
+exec vllm serve "$VLLM_MODEL" \
+  --host 127.0.0.1 --port "$VLLM_PORT" \
+  --tensor-parallel-size "$VLLM_TP" \
+  --max-num-seqs "$VLLM_MAX_SEQS" \
+  --max-model-len "$VLLM_MAX_LEN" \
+  --gpu-memory-utilization 0.90 \
+  --enable-prefix-caching \
+  --seed 0

@@ -1,0 +1,188 @@
+"""A local MLflow tracking server on PostgreSQL with proxied artifact storage (`infra/mlflow_server.sh`).
+
+Clients log to `http://127.0.0.1:<port>` and upload artifacts through the server (`mlflow-artifacts:/` URIs),
+so no client needs database credentials or direct access to the artifact directory. Credentials come
+only from the environment: the database URI the server gets has no password in it; the password
+(RAGLEDGER_PG_PASSWORD) reaches libpq as PGPASSWORD in the server's environment, so it is never part of
+a command line, a log line or a state file.
+
+    python -m ragledger.mlflow_server start|stop|status   (see infra/mlflow_server.sh for the variables)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class MlflowServerError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class PgSettings:
+    host: str = "127.0.0.1"
+    port: int = 5432
+    user: str = "postgres"
+    database: str = "ragledger_mlflow"
+
+    @classmethod
+    def from_env(cls) -> PgSettings:
+        env = os.environ
+        return cls(env.get("RAGLEDGER_PG_HOST", cls.host), int(env.get("RAGLEDGER_PG_PORT", cls.port)),
+                   env.get("RAGLEDGER_PG_USER", cls.user), env.get("RAGLEDGER_PG_DB", cls.database))
+
+    @property
+    def uri(self) -> str:  # no password: libpq takes it from PGPASSWORD
+        return f"postgresql+psycopg2://{self.user}@{self.host}:{self.port}/{self.database}"
+
+
+def _connect(pg: PgSettings, database: str):
+    import psycopg2
+
+    try:
+        return psycopg2.connect(host=pg.host, port=pg.port, user=pg.user, dbname=database,
+                                password=os.environ.get("RAGLEDGER_PG_PASSWORD"), connect_timeout=5)
+    except psycopg2.OperationalError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise MlflowServerError(f"PostgreSQL at {pg.host}:{pg.port} (user {pg.user}): {first}") from None
+
+
+def ensure_database(pg: PgSettings) -> bool:
+    """Create the tracking database if it does not exist. Returns True when it was created."""
+    con = _connect(pg, "postgres")
+    try:
+        con.autocommit = True
+        with con.cursor() as cur:
+            cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (pg.database,))
+            if cur.fetchone():
+                return False
+            cur.execute(f'CREATE DATABASE "{pg.database}"')
+            return True
+    finally:
+        con.close()
+
+
+def drop_database(pg: PgSettings) -> None:
+    con = _connect(pg, "postgres")
+    try:
+        con.autocommit = True
+        with con.cursor() as cur:
+            cur.execute(f'DROP DATABASE IF EXISTS "{pg.database}" WITH (FORCE)')
+    finally:
+        con.close()
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def state_dir() -> Path:
+    return Path(os.environ.get("RAGLEDGER_MLFLOW_SERVER_DIR", ".ragledger/mlflow-server")).resolve()
+
+
+def status() -> str | None:
+    try:
+        state = json.loads((state_dir() / "server.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return state["url"] if _alive(int(state["pid"])) and _healthy(state["url"]) else None
+
+
+def start(port: int = 5001, timeout_s: float = 180.0) -> tuple[str, bool]:
+    """Start the server in the background (idempotent). Returns (url, started_now)."""
+    url = status()
+    if url:
+        return url, False
+    pg = PgSettings.from_env()
+    ensure_database(pg)
+    base = state_dir()
+    artifacts = Path(os.environ.get("RAGLEDGER_MLFLOW_ARTIFACTS", base / "artifacts")).resolve()
+    artifacts.mkdir(parents=True, exist_ok=True)
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "MLFLOW_BACKEND_STORE_URI": pg.uri}
+    if os.environ.get("RAGLEDGER_PG_PASSWORD"):
+        env["PGPASSWORD"] = os.environ["RAGLEDGER_PG_PASSWORD"]
+    env.pop("RAGLEDGER_PG_PASSWORD", None)
+    log = base / "server.log"
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+             "--serve-artifacts", "--artifacts-destination", str(artifacts)],
+            env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + timeout_s
+    while not _healthy(url):
+        if proc.poll() is not None:
+            raise MlflowServerError(f"mlflow server exited with code {proc.returncode}; see {log}")
+        if time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGTERM)
+            raise MlflowServerError(f"mlflow server did not answer at {url} within {timeout_s:.0f} s; see {log}")
+        time.sleep(0.5)
+    (base / "server.json").write_text(json.dumps({"pid": proc.pid, "url": url, "backend": pg.uri,
+                                                  "artifacts": str(artifacts), "log": str(log)}))
+    return url, True
+
+
+def stop() -> bool:
+    path = state_dir() / "server.json"
+    try:
+        pid = int(json.loads(path.read_text())["pid"])
+    except (OSError, ValueError, KeyError):
+        return False
+    if _alive(pid):
+        os.killpg(pid, signal.SIGTERM)
+        for _ in range(60):
+            if not _alive(pid):
+                break
+            time.sleep(0.25)
+        else:
+            os.killpg(pid, signal.SIGKILL)
+    path.unlink(missing_ok=True)
+    return True
+
+
+def main(argv: list[str]) -> int:
+    command = argv[0] if argv else "status"
+    try:
+        if command == "start":
+            url, started = start(int(os.environ.get("RAGLEDGER_MLFLOW_PORT", "5001")))
+            print(f"MLflow server {'started' if started else 'already running'}: {url}  "
+                  f"(backend {PgSettings.from_env().uri}; use it with MLFLOW_TRACKING_URI={url})")
+        elif command == "stop":
+            print("MLflow server stopped" if stop() else "no MLflow server was running")
+        elif command == "status":
+            url = status()
+            print(f"MLflow server: {url}" if url else "MLflow server: not running")
+            return 0 if url else 1
+        else:
+            print(f"usage: {Path(sys.argv[0]).name} start|stop|status", file=sys.stderr)
+            return 2
+    except MlflowServerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
