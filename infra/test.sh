@@ -3,12 +3,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash infra/setup.sh
+bash infra/browser_deps.sh
 echo "== ruff"
 .venv/bin/ruff check .
 echo "== pytest"
 set +e
-# crash/resume and 4-way concurrency tests are marked slow: run them with `bash infra/test.sh -m slow`
-.venv/bin/python -m pytest -m "not slow" "$@"
+# everything, the slow reliability tests included (benchmarks are skipped unless --benchmark-only);
+# a quicker loop while developing: bash infra/test.sh -m "not slow"
+.venv/bin/python -m pytest "$@"
 code=$?
 set -e
 if [ "$code" -eq 5 ]; then

@@ -1,0 +1,133 @@
+"""End to end in a real browser (Debian's headless Chromium via Selenium, no browser download): a user opens
+the experiment in `ragledger ui`, expands the experiment's parent run, selects its two cell runs, opens
+MLflow's compare view and reads their EM and F1 there. Screenshots go to test-artifacts/ for a human to see.
+
+Needs /usr/bin/chromium and /usr/bin/chromedriver (infra/browser_deps.sh, which infra/test.sh runs)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from urllib.parse import unquote
+
+import pytest
+
+from tests.fakes.openai_server import ScriptedServer
+from tests.test_reliability import RAGLEDGER, cli, make_data, reader, write_spec
+
+REPO = Path(__file__).resolve().parent.parent
+ARTIFACTS = REPO / "test-artifacts"
+CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
+WAIT_S = 90
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def browser():
+    if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
+        pytest.fail("Chromium/ChromeDriver missing: run `bash infra/browser_deps.sh` (infra/test.sh does)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                f"--user-data-dir={tempfile.mkdtemp(prefix='chromium-')}", "--window-size=1600,1000"):
+        options.add_argument(arg)  # without the *-networking flags Chromium stalls on this closed network
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def ui_on_experiment(tmp_path):
+    make_data(tmp_path, 8)
+    with ScriptedServer(answer=reader) as model:
+        proc = cli(tmp_path, "run", str(write_spec(tmp_path, model.base_url, name="uicompare")),
+                   "--json", str(tmp_path / "summary.json"))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    port = _free_port()
+    with open(tmp_path / "ui.log", "w") as log:
+        ui = subprocess.Popen([RAGLEDGER, "ui", "--port", str(port), "--tracking-uri", summary["tracking_uri"]],
+                              cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            with contextlib.suppress(OSError), urllib.request.urlopen(f"{url}/health", timeout=2):
+                break
+            assert ui.poll() is None and time.monotonic() < deadline, (tmp_path / "ui.log").read_text()[-2000:]
+            time.sleep(1)
+        yield url, summary
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(ui.pid, signal.SIGTERM)
+        ui.wait(timeout=30)
+
+
+def test_compare_two_cell_runs_in_the_mlflow_ui(browser, ui_on_experiment):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    url, summary = ui_on_experiment
+    wait = WebDriverWait(browser, WAIT_S)
+    ARTIFACTS.mkdir(exist_ok=True)
+    browser.get(f"{url}/#/experiments/{summary['mlflow_experiment_id']}/runs")
+
+    # the runs table: the experiment's parent run, collapsed; expand it to show its cells
+    rows = "div.ag-pinned-left-cols-container [role=row]"
+    wait.until(lambda d: any("uicompare" in r.text for r in d.find_elements(By.CSS_SELECTOR, rows)))
+    expander = wait.until(ec.element_to_be_clickable((By.CSS_SELECTOR, f"{rows} button.du-bois-light-btn-link")))
+    expander.click()
+    cells = sorted(summary["cells"])
+    wait.until(lambda d: all(any(c in r.text for r in d.find_elements(By.CSS_SELECTOR, rows)) for c in cells))
+    browser.save_screenshot(str(ARTIFACTS / "mlflow-runs-table.png"))  # reads as the grid: retriever · reader · model
+
+    for row in browser.find_elements(By.CSS_SELECTOR, rows):
+        if any(c in row.text for c in cells):
+            row.find_element(By.CSS_SELECTOR, "input.ag-checkbox-input").click()
+    wait.until(ec.element_to_be_clickable((By.CSS_SELECTOR, "[data-testid=runs-compare-button]"))).click()
+
+    # the compare view: one column per selected run, in the order of the run ids in its URL
+    wait.until(lambda d: "compare-runs" in d.current_url)
+    metric_link = "div[role=grid] a[title='Plot chart']"
+    wait.until(lambda d: any(a.text == "em" for a in d.find_elements(By.CSS_SELECTOR, metric_link)))
+    run_ids = json.loads(unquote(browser.current_url.split("runs=")[1].split("&")[0]))
+    # the metrics section is two grids side by side: metric names, then their values row by row
+    grids = browser.find_elements(By.CSS_SELECTOR, "div[role=grid]")
+    at = next(i for i, g in enumerate(grids)
+              if any(a.get_attribute("textContent") == "em" for a in g.find_elements(By.CSS_SELECTOR, "a[title='Plot chart']")))
+    names = [a.get_attribute("textContent") for a in grids[at].find_elements(By.CSS_SELECTOR, "a[title='Plot chart']")]
+    values = [c.get_attribute("textContent") for c in grids[at + 1].find_elements(By.CSS_SELECTOR, "[role=rowgroup] > div")]
+    n = len(run_ids)
+    shown = {name: values[n * i : n * (i + 1)] for i, name in enumerate(names)}
+    em_link = next(a for a in grids[at].find_elements(By.CSS_SELECTOR, "a[title='Plot chart']")
+                   if a.get_attribute("textContent") == "em")
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'});", em_link)
+    time.sleep(1)  # let the scroll settle before the picture
+    browser.save_screenshot(str(ARTIFACTS / "mlflow-compare.png"))
+
+    expected = {summary["mlflow_cell_run_ids"][c]: summary["cells"][c] for c in cells}
+    assert sorted(run_ids) == sorted(expected)
+    for column, run_id in enumerate(run_ids):
+        for metric in ("em", "f1"):
+            assert float(shown[metric][column]) == pytest.approx(expected[run_id][metric], abs=0.01), (metric, shown)
+    print(f"compare view: EM {shown['em']}, F1 {shown['f1']} for runs {run_ids}; screenshots in {ARTIFACTS}")
