@@ -1,0 +1,125 @@
+"""P1 and P2: the flow's model-call throughput and its cache, as ratios measured in one run.
+
+P1: an OpenAI-compatible test server answering after a fixed 100 ms with unlimited concurrency (separate
+process). Baseline: a bare asyncio `openai` loop at concurrency 64 making 10,000 calls. Measured: the full
+experiment flow (2,000 SQuAD dev questions, bm25@5, Post-Fusion = 10,000 calls, concurrency 64) against the
+same server: retrieval, every generate/vote/evaluate task, event writes, MLflow logging. Target:
+baseline time / flow time >= 0.90.
+P2: the identical rerun (0 model calls) against the first run's time (target <= 5%), and a rerun with only
+the vote method changed (`vote: first`), which must make 0 model calls.
+
+Skipped by default (`--benchmark-skip`). Run:
+    .venv/bin/python -m pytest tests/benchmarks/test_flow_throughput.py --benchmark-only -p no:cacheprovider -s
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+QUESTIONS = 2_000
+K = 5
+CALLS = QUESTIONS * K
+CONCURRENCY = 64
+DELAY_S = 0.1
+_times: dict[str, float] = {}
+
+
+@pytest.fixture(scope="module")
+def latency_server():
+    proc = subprocess.Popen([sys.executable, "-m", "tests.fakes.latency_server", "--delay", str(DELAY_S)], cwd=REPO,
+                            stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline().split()
+    assert line and line[0] == "ready", line
+    yield f"http://127.0.0.1:{line[1]}/v1"
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def spec_dict(base_url: str, readers: list) -> dict:
+    from schemas.spec import parse_spec
+
+    return parse_spec({
+        "name": "p1-throughput",
+        "dataset": {"name": "squad", "path": "squad/dev-v1.1.json.gz", "limit": QUESTIONS, "seed": 0},
+        "retrievers": [f"bm25@{K}"],
+        "readers": readers,
+        "model": {"backend": "openai", "name": "latency", "base_url": base_url, "api_key_env": "RAGLEDGER_BENCH_KEY",
+                  "concurrency": CONCURRENCY, "max_tokens": 16},
+        "execution": {"shard_size": 250},
+    }, "p1").model_dump()
+
+
+async def bare_loop(base_url: str, prompts: list[str]) -> int:
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    gate = asyncio.Semaphore(CONCURRENCY)
+
+    async def one(prompt: str) -> str:
+        async with gate:
+            r = await client.chat.completions.create(model="latency", max_tokens=16, temperature=0.0,
+                                                     messages=[{"role": "user", "content": prompt}])
+            return r.choices[0].message.content or ""
+
+    answers = await asyncio.gather(*(one(p) for p in prompts))
+    await client.close()
+    return len(answers)
+
+
+def test_p1_baseline_bare_asyncio_openai_loop(benchmark, latency_server):
+    from ragledger.datasets import load_questions, sample_questions
+
+    questions = sample_questions(load_questions("squad", "squad/dev-v1.1.json.gz"), QUESTIONS, 0)
+    prompts = [f"Passage {i}: ...\nQuestion: {q.question}" for q in questions for i in range(K)]
+    n = benchmark.pedantic(lambda: asyncio.run(bare_loop(latency_server, prompts)), rounds=1, iterations=1)
+    assert n == CALLS
+    _times["baseline"] = benchmark.stats.stats.min
+
+
+def test_p1_p2_full_flow_then_cached_reruns(benchmark, latency_server, prefect_harness, tmp_path_factory,
+                                            monkeypatch, record_result):
+    from flows.experiment import run_experiment
+
+    monkeypatch.setenv("RAGLEDGER_BENCH_KEY", "unused")
+    store = str(tmp_path_factory.mktemp("p1") / "store")
+    spec = spec_dict(latency_server, ["post_fusion"])
+    run_experiment(spec_dict(latency_server, ["concatenation"]) | {"name": "p1-warmup"}, store)  # index + imports
+    summaries = []
+    benchmark.pedantic(lambda: summaries.append(run_experiment(spec, store)), rounds=1, iterations=1)
+    first = summaries[0]
+    # a few (question, passage) prompts recur among 2,000 questions: the call cache asks each once
+    assert 0.99 * CALLS <= first["llm_calls"] <= CALLS, first["llm_calls"]
+    _times["flow"] = benchmark.stats.stats.min
+
+    t = time.perf_counter()
+    rerun = run_experiment(spec, store)
+    rerun_s = time.perf_counter() - t
+    assert rerun["llm_calls"] == 0 and rerun["tasks_from_cache"] == rerun["tasks_total"]
+
+    t = time.perf_counter()
+    revote = run_experiment(spec_dict(latency_server, [{"name": "post_fusion", "vote": "first"}]), store)
+    revote_s = time.perf_counter() - t
+    assert revote["llm_calls"] == 0, revote["llm_calls"]  # every generation answered by the call cache
+    assert revote["cache_hits"] >= first["llm_calls"]
+
+    ratio = _times["baseline"] / _times["flow"]
+    generate_s = first["stage_seconds"]["generate"]
+    figures = {
+        "p1_flow_stage_seconds": first["stage_seconds"],
+        "p1_generate_stage_ratio": round(_times["baseline"] / generate_s, 3),
+        "p1_baseline_s": round(_times["baseline"], 2), "p1_flow_s": round(_times["flow"], 2),
+        "p1_ratio_baseline_over_flow": round(ratio, 3), "p1_target": ">= 0.90",
+        "p1_flow_calls": first["llm_calls"], "p1_ideal_s": CALLS / CONCURRENCY * DELAY_S,
+        "p2_rerun_s": round(rerun_s, 2), "p2_rerun_stage_seconds": rerun["stage_seconds"],
+        "p2_rerun_share_of_first": round(rerun_s / _times["flow"], 3),
+        "p2_target": "<= 0.05", "p2_rerun_model_calls": rerun["llm_calls"],
+        "p2_vote_change_s": round(revote_s, 2), "p2_vote_change_model_calls": revote["llm_calls"],
+    }
+    record_result("p1_p2_flow_throughput", figures)

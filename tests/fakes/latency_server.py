@@ -1,0 +1,69 @@
+"""Test tool: an OpenAI-compatible chat-completions server that answers every request after a fixed delay,
+with unlimited concurrency. It stands in for a fast remote inference server (vLLM) in the throughput
+benchmark, so what is measured is the client side: ragledger's flow against a bare asyncio loop.
+
+A plain asyncio HTTP/1.1 server (keep-alive, Content-Length bodies) rather than a web framework: at
+640 requests/s on a 2-core machine the server's own CPU cost must stay far below the client's.
+Run: python -m tests.fakes.latency_server --port 8123 --delay 0.1   (prints "ready <port>")
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+
+ANSWER_RE = re.compile(r"Question:\s*(.+?)\s*(?:\\n|$)")
+
+
+def completion_body(request: bytes) -> bytes:
+    # a short, deterministic answer drawn from the question, so votes have something to count
+    match = ANSWER_RE.search(request.decode("utf-8", "replace"))
+    words = (match.group(1) if match else "unknown").split()
+    answer = words[-1].strip("?\"\\") if words else "unknown"
+    body = {
+        "id": "chatcmpl-latency", "object": "chat.completion", "created": 0, "model": "latency",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": answer}, "finish_reason": "stop",
+                     "logprobs": None}],
+        "usage": {"prompt_tokens": len(request) // 4, "completion_tokens": 2, "total_tokens": len(request) // 4 + 2},
+    }
+    return json.dumps(body).encode()
+
+
+async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float, counter: list[int]) -> None:
+    try:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = 0
+            for line in head.split(b"\r\n"):
+                if line[:15].lower() == b"content-length:":
+                    length = int(line[15:].strip())
+            body = await reader.readexactly(length) if length else b""
+            await asyncio.sleep(delay)
+            counter[0] += 1
+            payload = completion_body(body)
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+                         + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+            await writer.drain()
+    except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
+        pass
+    finally:
+        writer.close()
+
+
+async def serve(port: int, delay: float) -> None:
+    counter = [0]
+    server = await asyncio.start_server(lambda r, w: handle(r, w, delay, counter), "127.0.0.1", port, backlog=4096,
+                                        limit=2**20)
+    print(f"ready {server.sockets[0].getsockname()[1]}", flush=True)
+    async with server:
+        await server.serve_forever()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--delay", type=float, default=0.1)
+    args = parser.parse_args()
+    asyncio.run(serve(args.port, args.delay))
