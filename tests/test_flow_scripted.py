@@ -147,13 +147,15 @@ def test_changing_only_the_vote_reruns_no_generation(workspace, prefect_harness,
 def test_faulty_backend_gives_same_results(workspace, prefect_harness):
     with ScriptedServer(answer=answer_from_context) as clean:
         baseline = run_flow(make_spec(workspace, clean.base_url))
-    faults = Faults(http_500=0.2, http_429=0.05, malformed=0.02, empty=0.02, seed=3)
+    # the rates: 20% HTTP 500, 5% 429 with Retry-After, 5% hangs past the client timeout, 2% malformed
+    # bodies, 2% empty completions
+    faults = Faults(http_500=0.2, http_429=0.05, hang=0.05, hang_s=4.0, malformed=0.02, empty=0.02, seed=3)
     ws2 = workspace / "faulty"
     ws2.mkdir()
     for f in ("corpus.jsonl", "questions.jsonl"):
         (ws2 / f).write_text((workspace / f).read_text())
     with ScriptedServer(answer=answer_from_context, faults=faults) as flaky:
-        spec = make_spec(ws2, flaky.base_url, max_retries=20)
+        spec = make_spec(ws2, flaky.base_url, max_retries=20, timeout_s=1.0)
         result = run_flow(spec)
     assert result["cells"] == baseline["cells"]
     assert result["retries"] == sum(flaky.faults_injected.values()) > 0
