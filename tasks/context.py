@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from prefect import task
 
 from ragledger.datasets import load_corpus
 from ragledger.llm import LLMClient, api_key_from_env
@@ -117,3 +118,10 @@ def read_questions(store: EventStore, questions_segment: str, qids: list[str]) -
 
 def cell_name(retriever: str, strategy: str, model: str) -> str:
     return f"{retriever} · {strategy} · {model}"
+
+
+def stage_task(name: str, fn):
+    """The Prefect task of a stage: the pure stage function itself, its result persisted and cached under the
+    explicit `stage_key` parameter (a hash of small inputs chained from upstream), never of live objects."""
+    return task(name=name, cache_key_fn=lambda ctx, params: params["stage_key"], persist_result=True)(fn)
+

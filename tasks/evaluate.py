@@ -10,10 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 import pandas as pd
-from prefect import task
 
 from ragledger.answers import contains_token_sequence, em_score, f1_score, has_answer, is_unknown
-from tasks.context import StageResult, cell_name, read_questions, spec_from, store_from
+from tasks.context import StageResult, cell_name, read_questions, spec_from, stage_task, store_from
 from tasks.retrieve import passages_by_question
 from tracking.events import event_id, new_events
 
@@ -122,20 +121,4 @@ def run_evaluate(
     return StageResult("evaluate", cell, stage_key, str(segment) if segment else None, len(rows), run_token, {})
 
 
-@task(name="evaluate", cache_key_fn=lambda ctx, params: params["stage_key"], persist_result=True)
-def evaluate_task(
-    spec_dict: dict,
-    store_root: str, questions_segment: str,
-    retriever_name: str,
-    strategy: str,
-    qids: list[str],
-    retrieval_segments: list[str | None],
-    generation_segments: list[str | None],
-    vote_segment: str | None,
-    stage_key: str,
-    run_token: str,
-) -> StageResult:
-    return run_evaluate(
-        spec_dict, store_root, questions_segment, retriever_name, strategy, qids,
-        retrieval_segments, generation_segments, vote_segment, stage_key, run_token,
-    )  # fmt: skip
+evaluate_task = stage_task("evaluate", run_evaluate)

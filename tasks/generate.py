@@ -10,13 +10,12 @@ import asyncio
 from typing import Any
 
 import pandas as pd
-from prefect import task
 
 from ragledger import progress
 from ragledger.crash import crashpoint
 from ragledger.llm import LLMClient, LLMRequest, LLMResponse, run_on_engine
 from schemas.spec import ExperimentSpec
-from tasks.context import StageResult, cell_name, llm_client_for, read_questions, retriever_for, spec_from, store_from
+from tasks.context import StageResult, cell_name, llm_client_for, read_questions, retriever_for, spec_from, stage_task, store_from
 from tasks.readers import get_reader, settings_for
 from tasks.readers.base import Call, Generation, Passage, Reader, ReaderInput, parse_output
 from tasks.retrieve import passages_by_question
@@ -186,21 +185,4 @@ def run_generate_round(
     return StageResult(f"generate round {round_no}", cell, stage_key, seg, len(rows), run_token, counters)
 
 
-@task(name="generate-round", cache_key_fn=lambda ctx, params: params["stage_key"], persist_result=True)
-def generate_round_task(
-    spec_dict: dict,
-    store_root: str, questions_segment: str,
-    base_url: str,
-    retriever_name: str,
-    strategy: str,
-    round_no: int,
-    qids: list[str],
-    retrieval_segments: list[str | None],
-    previous_segments: list[str | None],
-    stage_key: str,
-    run_token: str,
-) -> StageResult:
-    return run_generate_round(
-        spec_dict, store_root, questions_segment, base_url, retriever_name, strategy, round_no, qids,
-        retrieval_segments, previous_segments, stage_key, run_token,
-    )  # fmt: skip
+generate_round_task = stage_task("generate-round", run_generate_round)

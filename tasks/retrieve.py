@@ -7,13 +7,12 @@ import hashlib
 from typing import Any
 
 import pandas as pd
-from prefect import task
 
 from ragledger import progress
 from ragledger.crash import crashpoint
 from ragledger.llm import LLMClient, LLMRequest, LLMResponse, run_on_engine
 from schemas.spec import ExperimentSpec
-from tasks.context import StageResult, llm_client_for, read_questions, retriever_for, spec_from, store_from
+from tasks.context import StageResult, llm_client_for, read_questions, retriever_for, spec_from, stage_task, store_from
 from tasks.retrievers import Hit, LLMFn, LLMPrompt, Query, Retriever
 from tracking.events import event_id, new_events
 
@@ -76,10 +75,7 @@ def run_retrieve(spec_dict: dict, store_root: str, questions_segment: str, retri
     return StageResult("retrieve", retriever_name, stage_key, str(segment) if segment else None, len(rows), run_token, counters)
 
 
-@task(name="retrieve", cache_key_fn=lambda ctx, params: params["stage_key"], persist_result=True)
-def retrieve_task(spec_dict: dict, store_root: str, questions_segment: str, retriever_name: str, qids: list[str], stage_key: str,
-                  run_token: str, base_url: str = "") -> StageResult:
-    return run_retrieve(spec_dict, store_root, questions_segment, retriever_name, qids, stage_key, run_token, base_url)
+retrieve_task = stage_task("retrieve", run_retrieve)
 
 
 def passages_by_question(retrievals: pd.DataFrame) -> dict[str, list[tuple[str, str]]]:

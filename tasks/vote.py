@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from prefect import task
-
-from tasks.context import StageResult, cell_name, read_questions, spec_from, store_from
+from tasks.context import StageResult, cell_name, read_questions, spec_from, stage_task, store_from
 from tasks.generate import history_by_question, reader_inputs
 from tasks.readers import get_reader, settings_for
 from tracking.events import event_id, new_events
@@ -50,19 +48,4 @@ def run_vote(
     return StageResult("vote", cell, stage_key, str(segment) if segment else None, len(rows), run_token, {})
 
 
-@task(name="vote", cache_key_fn=lambda ctx, params: params["stage_key"], persist_result=True)
-def vote_task(
-    spec_dict: dict,
-    store_root: str, questions_segment: str,
-    retriever_name: str,
-    strategy: str,
-    qids: list[str],
-    retrieval_segments: list[str | None],
-    generation_segments: list[str | None],
-    stage_key: str,
-    run_token: str,
-) -> StageResult:
-    return run_vote(
-        spec_dict, store_root, questions_segment, retriever_name, strategy, qids,
-        retrieval_segments, generation_segments, stage_key, run_token,
-    )  # fmt: skip
+vote_task = stage_task("vote", run_vote)
