@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -51,6 +53,35 @@ def _usage_error(message: str) -> BaseException:
 def _fail(message: str, code: int = 2) -> None:
     err.print(f"[bold red]error:[/] {message}", highlight=False, markup=True)
     raise typer.Exit(code)
+
+
+@contextlib.contextmanager
+def _stage_progress() -> Iterator[None]:
+    """Rich progress bars fed by ragledger.progress (one bar per stage, created on its first report)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ragledger import progress as prog
+
+    with Progress(TextColumn("{task.description:>16}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console) as bars:
+        ids: dict[str, int] = {}
+
+        def total(stage: str, n: int) -> None:
+            if stage not in ids:
+                ids[stage] = bars.add_task(stage, total=n)
+            bars.update(ids[stage], total=n)
+
+        def advance(stage: str, n: int) -> None:
+            if stage not in ids:
+                ids[stage] = bars.add_task(stage, total=None)
+            bars.advance(ids[stage], n)
+
+        prog.set_listener(advance, total)
+        try:
+            yield
+        finally:
+            prog.set_listener(None)
+
 
 
 def _fmt(v: object) -> str:
@@ -106,29 +137,12 @@ def run(
 
     configure_prefect_home(Path.cwd())
     store_root = store or spec.tracking.store
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from ragledger import progress as prog
 
     console.print(f"[bold]ragledger[/] experiment [cyan]{spec.name}[/]: {len(spec.retrievers)} retriever(s) × "
                   f"{len(spec.readers)} reader(s) on {spec.dataset.name} (limit {spec.dataset.limit}), model "
                   f"{spec.model.display_name}")
-    with Progress(TextColumn("{task.description:>16}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=False) as bars:
-        ids: dict[str, int] = {}
-
-        def total(stage: str, n: int) -> None:
-            if stage not in ids:
-                ids[stage] = bars.add_task(stage, total=n)
-            else:
-                bars.update(ids[stage], total=n)
-
-        def advance(stage: str, n: int) -> None:
-            if stage not in ids:
-                ids[stage] = bars.add_task(stage, total=None)
-            bars.advance(ids[stage], n)
-
-        prog.set_listener(advance, total)
+    with _stage_progress():
         try:
             with prefect_api():
                 from flows.experiment import run_experiment
@@ -137,8 +151,6 @@ def run(
                                          workers=workers, scheduler_address=scheduler)
         except (*errors, PrefectServerError) as exc:
             _fail(str(exc))
-        finally:
-            prog.set_listener(None)
     _print_summary(summary)
     if json_out:
         json_out.write_text(json.dumps(summary, indent=2, default=str))
@@ -172,9 +184,7 @@ def index(
     store: Annotated[str | None, typer.Option(help="event store directory; indexes go beside it in indexes/")] = None,
 ) -> None:
     """Build retrieval indexes ahead of time (BM25 and dense; default: over the SQuAD paragraphs)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from ragledger import progress as prog
     from schemas.spec import ExperimentSpec, load_spec
     from tasks.context import index_root_for, retriever_for
 
@@ -189,28 +199,12 @@ def index(
     store_root = store or spec.tracking.store
     names = [r for r in spec.retrievers if _needs_corpus(r)]
     console.print(f"indexes for {', '.join(names) or 'nothing (no retriever needs a corpus)'} under {index_root_for(store_root)}")
-    with Progress(TextColumn("{task.description:>16}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console) as bars:
-        ids: dict[str, int] = {}
-
-        def total(stage: str, n: int) -> None:
-            if stage not in ids:
-                ids[stage] = bars.add_task(stage, total=n)
-            bars.update(ids[stage], total=n)
-
-        def advance(stage: str, n: int) -> None:
-            if stage not in ids:
-                ids[stage] = bars.add_task(stage, total=None)
-            bars.advance(ids[stage], n)
-
-        prog.set_listener(advance, total)
+    with _stage_progress():
         try:
             for name in names:
                 retriever_for(spec, name, store_root, log=console.print)
         except errors as exc:
             _fail(str(exc))
-        finally:
-            prog.set_listener(None)
     console.print("indexes ready")
 
 
