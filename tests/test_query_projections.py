@@ -91,18 +91,34 @@ def test_overlap_projection_is_cached_per_scope_and_rebuildable(overlapping_stor
     assert json.loads(cached[0].read_text())["overlapping"] == exp["overlapping"]
 
 
-def test_a_new_segment_makes_the_cached_projection_stale(overlapping_store):
+def test_a_new_segment_extends_the_cached_projection(overlapping_store, monkeypatch):
     root, segs = overlapping_store
     viewed(root, "exp")
     before = sorted((root / tq.PROJECTIONS_DIR / "outcomes" / "exp").glob("overlaps-*.json"))
-    write(EventStore(root), outcome_rows(2, start=9))  # q9 again (C's), q10 new
+    new = write(EventStore(root), outcome_rows(2, start=9))  # q9 again (C's), q10 new
     after = sorted((root / tq.PROJECTIONS_DIR / "outcomes" / "exp").glob("overlaps-*.json"))
     assert after == before  # nothing is recomputed until the next query
-    same(viewed(root, "exp"), reference(root, "exp"))
+
+    def no_full_scan(con, files):
+        raise AssertionError(f"full overlap scan over {len(files)} files; expected the incremental one")
+
+    with monkeypatch.context() as m:
+        m.setattr(tq, "overlapping_segments", no_full_scan)
+        same(viewed(root, "exp"), reference(root, "exp"))  # A, B from the cache; C and the new one found now
     now = sorted((root / tq.PROJECTIONS_DIR / "outcomes" / "exp").glob("overlaps-*.json"))
     assert len(now) == 1 and now != before  # the stale one is replaced
-    assert segs["C"].relative_to(root).as_posix() in json.loads(now[0].read_text())["overlapping"]
+    rel = {k: p.relative_to(root).as_posix() for k, p in {**segs, "new": new}.items()}
+    assert json.loads(now[0].read_text())["overlapping"] == sorted([rel["A"], rel["B"], rel["C"], rel["new"]])
     assert len(viewed(root, "exp")) == 11
+
+
+def test_a_removed_segment_is_not_taken_from_the_cache(overlapping_store):
+    root, segs = overlapping_store
+    viewed(root, "exp")
+    segs["B"].unlink()  # A no longer overlaps anything: the cached projection holds B, so it is not a base
+    same(viewed(root, "exp"), reference(root, "exp"))
+    (cached,) = (root / tq.PROJECTIONS_DIR / "outcomes" / "exp").glob("overlaps-*.json")
+    assert json.loads(cached.read_text())["overlapping"] == []
 
 
 def test_a_store_that_cannot_be_written_still_answers(overlapping_store, monkeypatch):

@@ -8,8 +8,10 @@ costly part of a query over many segments, so it is done once per set of segment
   experiment's) that share an event with another of them. It is a small JSON,
   `<store>/projections/<kind>/<experiment or @all>/overlaps-<key>.json`, named by a hash of the
   segments it describes (path, size, mtime), so adding, removing or rewriting a segment makes a new
-  one; deleting it (or the whole folder) only means it is computed again. A store that cannot be
-  written to gets it in memory.
+  one; deleting it (or the whole folder) only means it is computed again. When segments were only
+  added, the cached projection of the others is extended by comparing just the new segments' events
+  with the rest (a semi-join) instead of a window over every event. A store that cannot be written to
+  gets it in memory.
 - a view is then a plain `read_parquet` over the segments that share no event with another (each of
   their events is unique), plus, only when some segments do overlap, the old dedupe over those:
   `row_number() OVER (PARTITION BY qid, event_id ORDER BY created_at, filename) = 1`. The answers are
@@ -31,7 +33,7 @@ import pandas as pd
 from schemas.records import RECORD_MODELS, columns_of
 from tracking.events import EventStore, stable_hash
 
-PROJECTION_VERSION = "overlap-1"
+PROJECTION_VERSION = "overlap-2"
 PROJECTIONS_DIR = "projections"
 
 
@@ -59,13 +61,15 @@ def _sql_list(files: Sequence[str]) -> str:
     return "[" + ", ".join("'" + f.replace("'", "''") + "'" for f in files) + "]"
 
 
-def _dedupe_select(files: Sequence[str]) -> str:
+def _dedupe_select(files: Sequence[str], where: str = "") -> str:
     """Each event once among `files`: the earliest written copy (ties: the first file by name).
     Every kind has qid and one event has one qid, so partitioning by (qid, event_id) is the same dedupe
-    as by event_id, but lets DuckDB push a `WHERE qid = ...` below the window."""
+    as by event_id, but lets DuckDB push a `WHERE qid = ...` below the window; `where` (a condition on
+    qid only) is applied before the window for the same reason."""
     return (f"SELECT * EXCLUDE (rn, filename) FROM (SELECT *, row_number() OVER "
             f"(PARTITION BY qid, event_id ORDER BY created_at, filename) AS rn "
-            f"FROM read_parquet({_sql_list(files)}, union_by_name = true, filename = true)) WHERE rn = 1")
+            f"FROM read_parquet({_sql_list(files)}, union_by_name = true, filename = true)"
+            f"{f' WHERE {where}' if where else ''}) WHERE rn = 1")
 
 
 def overlapping_segments(con: duckdb.DuckDBPyConnection, files: Sequence[str]) -> set[str]:
@@ -79,13 +83,36 @@ def overlapping_segments(con: duckdb.DuckDBPyConnection, files: Sequence[str]) -
     return {r[0] for r in rows}
 
 
-def projection_key(root: Path, files: Sequence[Path]) -> str:
-    """Identity of a set of segments: their paths under the store root, sizes and modification times."""
-    parts = []
+def overlapping_with_new(con: duckdb.DuckDBPyConnection, old: Sequence[str], new: Sequence[str]) -> set[str]:
+    """The files that share an event with one of the `new` files (old or new ones): what adding `new` to
+    `old` adds to the overlapping set. Only the old events that a new file also holds are kept, so this
+    is a semi-join against the (few) new events rather than a window over every event."""
+    if not new:
+        return set()
+    n = f"SELECT qid, event_id, filename FROM read_parquet({_sql_list(new)}, union_by_name = true, filename = true)"
+    if not old:
+        return overlapping_segments(con, new)
+    rows = con.execute(
+        f"WITH n AS ({n}), o AS (SELECT o.qid, o.event_id, o.filename FROM read_parquet({_sql_list(old)}, "
+        f"union_by_name = true, filename = true) AS o SEMI JOIN n ON o.qid = n.qid AND o.event_id = n.event_id) "
+        f"SELECT DISTINCT filename FROM (SELECT filename, count(*) OVER (PARTITION BY qid, event_id) AS c "
+        f"FROM (SELECT * FROM n UNION ALL SELECT * FROM o)) WHERE c > 1"
+    ).fetchall()
+    return {r[0] for r in rows}
+
+
+def segment_stamps(root: Path, files: Sequence[Path]) -> list[tuple[str, int, int]]:
+    """Each segment's path under the store root, size and modification time, sorted."""
+    stamps = []
     for f in files:
         st = f.stat()
-        parts.append((f.relative_to(root).as_posix(), st.st_size, st.st_mtime_ns))
-    return stable_hash(PROJECTION_VERSION, sorted(parts), length=24)
+        stamps.append((f.relative_to(root).as_posix(), st.st_size, st.st_mtime_ns))
+    return sorted(stamps)
+
+
+def projection_key(stamps: list[tuple[str, int, int]]) -> str:
+    """Identity of a set of segments (see segment_stamps)."""
+    return stable_hash(PROJECTION_VERSION, stamps, length=24)
 
 
 def _projection_path(root: Path, kind: str, experiment: str | None, key: str) -> Path:
@@ -109,26 +136,55 @@ def _write_atomically(path: Path, text: str) -> None:
                 stale.unlink()
 
 
+def _load(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+        if data["version"] == PROJECTION_VERSION and isinstance(data["overlapping"], list):
+            data["files"] = [tuple(f) for f in data["files"]]
+            return data
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
+
+
 def overlap_projection(con: duckdb.DuckDBPyConnection, store: EventStore, kind: str, experiment: str | None,
                        segments: Sequence[Path], use_cache: bool = True) -> set[str]:
     """The overlapping segments (paths relative to the store) among the segments of a kind that a view
-    covers (`experiment`'s, or every experiment's for None), from the cached projection when it matches
-    the segments, else computed (and cached when the store is writable)."""
+    covers (`experiment`'s, or every experiment's for None). From the cached projection when it matches
+    the segments; else extended from a cached projection of a subset of them (segments were added: only
+    the new segments' events are compared with the rest); else computed over every segment. Cached when
+    the store is writable."""
     root = store.root
     if len(segments) < 2:
         return set()
-    path = _projection_path(root, kind, experiment, projection_key(root, segments)) if use_cache else None
-    if path is not None and path.exists():
-        with contextlib.suppress(OSError, ValueError, KeyError):
-            data = json.loads(path.read_text())
-            if data["version"] == PROJECTION_VERSION and data["segments"] == len(segments):
-                return set(data["overlapping"])
-    by_name = {str(p): p.relative_to(root).as_posix() for p in segments}
-    overlapping = {by_name[f] for f in overlapping_segments(con, list(by_name))}
+    stamps = segment_stamps(root, segments)
+    path = _projection_path(root, kind, experiment, projection_key(stamps)) if use_cache else None
+    if path is not None:
+        cached = _load(path) if path.exists() else None
+        if cached is not None and cached["files"] == stamps:
+            return set(cached["overlapping"])
+    abs_of = {rel: str(root / rel) for rel, _, _ in stamps}
+    rel_of = {str(p): p.relative_to(root).as_posix() for p in segments} | {a: r for r, a in abs_of.items()}
+    base = None
+    if path is not None:  # the newest cached projection of a subset of these segments
+        current = set(stamps)
+        candidates = sorted(path.parent.glob("overlaps-*.json"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
+        for other in candidates:
+            data = _load(other)
+            if data is not None and set(data["files"]) <= current:
+                base = data
+                break
+    if base is not None:
+        old = {rel for rel, _, _ in base["files"]}
+        new = [str(p) for p in segments if rel_of[str(p)] not in old]
+        added = overlapping_with_new(con, [abs_of[r] for r in sorted(old)], new)
+        overlapping = set(base["overlapping"]) | {rel_of[f] for f in added}
+    else:
+        overlapping = {rel_of[f] for f in overlapping_segments(con, list(rel_of))}
     if path is not None:
         with contextlib.suppress(OSError):  # a read-only store: use it without caching it
             _write_atomically(path, json.dumps({"version": PROJECTION_VERSION, "kind": kind, "experiment": experiment,
-                                                "segments": len(segments), "overlapping": sorted(overlapping)}))
+                                                "files": stamps, "overlapping": sorted(overlapping)}))
     return overlapping
 
 
@@ -191,6 +247,6 @@ def records_for(store_root: str | Path, kind: str, qids: Sequence[str], experime
     try:
         con.execute("CREATE TEMP TABLE wanted (qid VARCHAR)")
         con.executemany("INSERT INTO wanted VALUES (?)", [(str(q),) for q in dict.fromkeys(qids)])
-        return con.execute(f"SELECT * FROM ({_dedupe_select(files)}) WHERE qid IN (SELECT qid FROM wanted)").fetch_df()
+        return con.execute(_dedupe_select(files, "qid IN (SELECT qid FROM wanted)")).fetch_df()
     finally:
         con.close()
