@@ -200,6 +200,7 @@ def _drilldown(res: AnalysisResult, questions: pd.DataFrame | None, store_root: 
            '<input id="qfilter" type="search" placeholder="filter by question id or text" '
            'oninput="filterQuestions(this.value)">']
     rec = _chain_records(store_root, res.experiment, chained) if chained else {}
+    with_chain = set(chained)
     by_q = dict(iter(dec[dec["qid"].isin(set(shown))].groupby("qid")))  # only the questions shown
     for qid in shown:
         g = by_q[qid].sort_values("cell")
@@ -209,7 +210,7 @@ def _drilldown(res: AnalysisResult, questions: pd.DataFrame | None, store_root: 
         rows = "".join(
             f"<tr><td class=l>{_e(r.cell)}</td><td class=l>{_e(r.prediction)}</td><td>{r.em:.0f}</td><td>{r.f1:.2f}</td>"
             f"<td class=l>{_e(r.error_type)}</td></tr>" for r in g.itertuples())
-        chain = "".join(_cell_chain(o, golds, rec) for o in g.itertuples()) if qid in set(chained) else ""
+        chain = "".join(_cell_chain(o, golds, rec) for o in g.itertuples()) if qid in with_chain else ""
         search = _e(f"{qid} {q}".lower())
         out.append(f'<details class="q" id="{_e(anchor(str(qid)))}" data-search="{search}"><summary>{head}</summary>'
                    f'<div class="chain"><p class="question"><b>question:</b> {_e(q)}</p>'
