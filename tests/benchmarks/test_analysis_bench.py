@@ -74,14 +74,23 @@ def test_bench_rwr_and_decomposition(benchmark, big_store):
 
 
 def test_bench_per_example_query(benchmark, big_store):
-    from tracking.query import query
+    """Connect + views + query. The first query after the segments change also computes the views' overlap
+    projection (which segments share events; cached under <store>/projections): timed once, apart."""
+    import shutil
+
+    from tracking.query import PROJECTIONS_DIR, query
 
     sql = "SELECT cell, prediction, em, error_type FROM outcomes WHERE qid = 'q054321' ORDER BY cell"
+    shutil.rmtree(os.path.join(big_store, PROJECTIONS_DIR), ignore_errors=True)
+    started = time.perf_counter()
+    first = query(big_store, sql)
+    cold = time.perf_counter() - started
     df = benchmark.pedantic(query, args=(big_store, sql), rounds=5, iterations=1)
-    assert len(df) == CELLS
+    assert len(df) == CELLS and df.equals(first)
     mean, best = benchmark.stats.stats.mean, benchmark.stats.stats.min
     print(f"\nper-example query over {CELLS * QUESTIONS:,} rows (connect + views + query): mean {mean * 1000:.0f} ms, "
-          f"min {best * 1000:.0f} ms (target ≤ 200 ms: mean at {mean / 0.2:.2f}× of it)")
+          f"min {best * 1000:.0f} ms (target ≤ 200 ms: mean at {mean / 0.2:.2f}× of it); the first query after the "
+          f"segments changed, computing the overlap projection: {cold * 1000:.0f} ms")
 
 
 def test_bench_full_analysis_tables(benchmark, big_store):
