@@ -27,7 +27,7 @@ from schemas.spec import ExperimentSpec
 from tasks.context import StageResult, backend_identity, cell_name, corpus_for, retriever_for
 from tasks.evaluate import EVALUATE_VERSION, evaluate_task
 from tasks.generate import generate_round_task
-from tasks.readers import get_reader
+from tasks.readers import get_reader, settings_for
 from tasks.retrieve import retrieve_task
 from tasks.retrievers import parse_retriever
 from tasks.vote import vote_task
@@ -282,7 +282,8 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
         for sid in shard_ids:
             upstream = retrieve_params[(c.retriever, sid)]["stage_key"]
             for rnd in range(1, c.rounds + 1):
-                upstream = stable_hash("generate", upstream, c.strategy, reader.prompt_version, model_key, rnd, *settings)
+                version = reader.version_for(settings_for(entry))  # the template version under this entry's settings
+                upstream = stable_hash("generate", upstream, c.strategy, version, model_key, rnd, *settings)
                 gen_keys[(c.name, sid, rnd)] = upstream
     must_generate = not all(result_store.exists(k) for k in gen_keys.values())
     generations: dict[tuple[str, str], list[StageResult]] = {(c.name, sid): [] for c in cells for sid in shard_ids}

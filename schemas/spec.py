@@ -81,6 +81,9 @@ class ReaderEntry(_Strict):
     sample_temperature: float = Field(0.7, ge=0, le=2, description="temperature of the p samples")
     feedback_k: int | None = Field(None, gt=0, le=100, description="REFEED: documents retrieved with question+answer; "
                                    "default 10 (seed 003)")
+    feedback_samples: int | None = Field(None, ge=2, le=20, description="REFEED MODULE-1 (seed 003 §3.2.2): n initial "
+                                         "answers sampled at temperature 0.7, top_p 0.9; one feedback retrieval each, "
+                                         "merged by retrieval score to the top feedback_k")
     vote: Literal["majority", "first"] = Field("majority", description="how a reader's answer pool becomes one "
                                                "answer (Post-Fusion, Concat+PF): majority (001 eq. 2) or first "
                                                "non-unknown by passage rank; changes no model call")
@@ -158,6 +161,12 @@ class ExperimentSpec(_Strict):
             name = e if isinstance(e, str) else e.name
             if name not in READERS:
                 raise ValueError(f"unknown reader strategy {name!r}; known: {', '.join(sorted(READERS))}")
+            if isinstance(e, ReaderEntry) and not READERS[name].retrieves_feedback:
+                for setting in ("feedback_k", "feedback_samples"):
+                    if getattr(e, setting) is not None:
+                        users = sorted(n for n, r in READERS.items() if r.retrieves_feedback)
+                        raise ValueError(f"readers: {name!r} retrieves no feedback documents, so {setting!r} does not apply "
+                                         f"(it applies to {', '.join(users)})")
             if isinstance(e, ReaderEntry) and e.vote != "majority" and not READERS[name].votes_over_pool:
                 pooled = sorted(n for n, r in READERS.items() if r.votes_over_pool)
                 raise ValueError(f"readers: {name!r} has no answer pool to vote over (vote applies to {', '.join(pooled)})")

@@ -34,4 +34,5 @@ def get_reader(name: str) -> Reader:
 def settings_for(entry, retrieve=None) -> ReaderSettings:
     """ReaderSettings from a spec reader entry (schemas.spec.ReaderEntry)."""
     return ReaderSettings(samples=entry.samples, sample_temperature=entry.sample_temperature,
-                          retrieve=retrieve, feedback_k=entry.feedback_k, vote=entry.vote)
+                          retrieve=retrieve, feedback_k=entry.feedback_k,
+                          feedback_samples=entry.feedback_samples or 1, vote=entry.vote)
