@@ -39,10 +39,16 @@ def _topic(text: str) -> str:
 def scripted_model(system: str, prompt: str, body: dict) -> str:
     if "provide two correct candidates" in prompt:  # SuRe round 1
         return CANDIDATES[_topic(prompt.split("Question:")[-1])]
+    if "support the prediction about the question" in prompt:  # SuRe generic summary (Listing 6)
+        return f"{next((a for k, a in ENTITIES if k in prompt), 'Nothing')} is mentioned. [DONE]"
     if "professional writer" in prompt:  # SuRe summary: echo the prediction
         return f"The passages support {prompt.split('Prediction:')[1].splitlines()[0].strip()}. [DONE]"
     if "Does the passage correctly support" in prompt:  # SuRe validity: everything but the Panthers
         return "False" if "Panthers" in prompt.split("Passage:")[1] else "True"
+    if "Choices: (a)" in prompt and "Task description" in prompt:  # SuRe MCQ prompt: picks choice (b)
+        return "(b)"
+    if prompt.split("\n\nTask description")[0].endswith("is mentioned."):  # Sum-and-pred: answer from the summary
+        return prompt.split(" is mentioned.")[0]
     if "Passage 1:" in prompt:  # SuRe ranking: prefers the Broncos summary, else position bias (always Passage 1)
         p1 = prompt.split("Passage 1:")[1].split("Passage 2:")[0]
         p2 = prompt.split("Passage 2:")[1].split("Target Question:")[0]
@@ -70,7 +76,8 @@ def logprob_of(system: str, prompt: str, text: str) -> float:
     return -0.5
 
 
-READERS = ["concat_pf", "pf_concat", "sure", "sure_base", "refeed", "refeed_refined", "pruning", "summary",
+READERS = ["concat_pf", "pf_concat", "sure", "sure_base", "sure_mcq", "sure_generic", "refeed", "refeed_refined", "pruning",
+           "summary",
            {"name": "post_fusion", "samples": 2}]
 
 
@@ -130,6 +137,12 @@ def test_every_seed_strategy_through_the_flow(workspace, prefect_harness):
     assert votes.loc[("sure", "q1"), "chosen"] == "Denver Broncos" and list(votes.loc[("sure", "q1"), "scores"]) == [0.0, 2.0]
     assert votes.loc[("sure", "q2"), "chosen"] == "Paris" and list(votes.loc[("sure", "q2"), "scores"]) == [1.5, 1.5]  # a tie
     assert first["cells"]["bm25@2 · sure · scripted"]["calls_per_q"] == 7.0
+    # Table 3 ablations: the MCQ prompt picks (b) among SuRe's candidates; Sum-and-pred answers from a generic summary
+    mcq = {q: votes.loc[("sure_mcq", q), "chosen"] for q in ("q1", "q2", "q3")}
+    assert mcq == {"q1": "Denver Broncos", "q2": "Lyon", "q3": "K2"}
+    assert gens[gens.strategy == "sure_mcq"].groupby("role").size().to_dict() == {"candidates": 3, "choice": 3}
+    assert outcomes.loc[("sure_generic", "q1"), "prediction"] == "Denver Broncos"
+    assert first["cells"]["bm25@2 · sure_generic · scripted"]["calls_per_q"] == 2.0
 
     # REFEED: retrieval with question + initial answer, then the log-probability ensemble
     rf = gens[gens.strategy == "refeed"]

@@ -151,6 +151,57 @@ def test_sure_base_is_listing_5():
     assert closed.prompt.startswith("Task description") and closed.passage_ids == ()
 
 
+# ---- seed 004 Table 3 ablations: Sum-and-pred (Gen) and the MCQ prompt ------------------------------
+
+def test_sure_generic_summarizes_then_predicts_from_the_summary():
+    r = get_reader("sure_generic")
+    (summary,) = r.plan(1, ITEM, [], ReaderSettings())
+    assert summary.prompt.startswith("Passage #1 Title: Broncos\nPassage #1 Text: The Denver Broncos won.")
+    assert "support the prediction about the question only based on" in summary.prompt  # Listing 6, no conditioning
+    assert "Choices:" not in summary.prompt and summary.prompt.endswith("Question: Who won Super Bowl 50?\nPassage:")
+    text = "The Denver Broncos won Super Bowl 50. [DONE]"
+    hist = [gen(1, "summary", parse_output(text, "sure_summary")[0], output=text)]
+    (pred,) = r.plan(2, ITEM, hist, ReaderSettings())
+    assert pred.prompt.startswith("The Denver Broncos won Super Bowl 50.\n\nTask description: predict the answer")
+    assert "Passage #1" not in pred.prompt and pred.passage_ids == ()
+    assert r.decide(ITEM, [*hist, gen(2, "answer", "Denver Broncos")]).chosen == "Denver Broncos"
+    empty = [gen(1, "summary", "", status="empty", output="[DONE]")]
+    assert r.plan(2, ITEM, empty, ReaderSettings()) == []
+    assert r.decide(ITEM, empty).chosen == "unknown"
+
+
+@pytest.mark.parametrize(("output", "chosen", "method"), [
+    ("(b)", "Carolina Panthers", "mcq"),
+    ("b) Carolina Panthers", "Carolina Panthers", "mcq"),
+    ("Answer: (a) Denver Broncos", "Denver Broncos", "mcq"),
+    ("a", "Denver Broncos", "mcq"),
+    ("Denver Broncos.", "Denver Broncos", "mcq"),
+    ("The Carolina Panthers", "Carolina Panthers", "mcq"),
+    ("Seattle Seahawks", "Seattle Seahawks", "mcq-off-choices"),
+    ("", "unknown", "mcq-off-choices"),
+])  # fmt: skip
+def test_sure_mcq_offers_the_candidates_and_maps_the_pick(output, chosen, method):
+    r = get_reader("sure_mcq")
+    (cands,) = r.plan(1, ITEM, [], ReaderSettings())
+    assert cands == get_reader("sure").plan(1, ITEM, [], ReaderSettings())[0]  # the same call: shared via the LLM cache
+    out = "(a) Denver Broncos, (b) Carolina Panthers"
+    hist = [gen(1, "candidates", parse_output(out, "sure_candidates")[0], output=out)]
+    (mcq,) = r.plan(2, ITEM, hist, ReaderSettings())
+    assert "Task description: predict the answer to the following question. Do not exceed 3 words." in mcq.prompt
+    assert mcq.prompt.endswith("Choices: (a) Denver Broncos (b) Carolina Panthers\nAnswer:")
+    d = r.decide(ITEM, [*hist, gen(2, "choice", parse_output(output)[0], output=output)])
+    assert (d.chosen, d.method) == (chosen, method) and d.candidates == ("Denver Broncos", "Carolina Panthers")
+
+
+def test_sure_mcq_with_one_candidate_makes_no_second_call():
+    r = get_reader("sure_mcq")
+    hist = [gen(1, "candidates", "Denver Broncos", output="Denver Broncos")]
+    assert r.plan(2, ITEM, hist, ReaderSettings()) == []
+    assert r.decide(ITEM, hist).chosen == "Denver Broncos"
+    sentence = "The passages do not say which team won the game."
+    assert r.decide(ITEM, [gen(1, "candidates", "", status="unparseable", output=sentence)]).chosen == "unknown"
+
+
 # ---- seed 003: REFEED -----------------------------------------------------------------------------
 
 def test_refeed_retrieves_with_question_plus_answer_and_refines():

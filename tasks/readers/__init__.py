@@ -9,6 +9,7 @@ from tasks.readers.fallback_001 import ConcatThenPF, PFThenConcat
 from tasks.readers.post_fusion import PostFusion
 from tasks.readers.refeed import Refeed, RefeedRefined
 from tasks.readers.sure import SuRe, SuReBase
+from tasks.readers.sure_ablations import SuReGeneric, SuReMCQ
 
 READERS: dict[str, type[Reader]] = {
     Concatenation.name: Concatenation,
@@ -21,6 +22,8 @@ READERS: dict[str, type[Reader]] = {
     RefeedRefined.name: RefeedRefined,
     SuRe.name: SuRe,
     SuReBase.name: SuReBase,
+    SuReGeneric.name: SuReGeneric,
+    SuReMCQ.name: SuReMCQ,
 }
 
 
