@@ -175,6 +175,19 @@ class ExperimentSpec(_Strict):
             raise ValueError(f"duplicate reader entries: {sorted(k for k in set(keys) if keys.count(k) > 1)}")
         return entries
 
+    @model_validator(mode="after")
+    def _gold_needs_gold_paragraphs(self) -> ExperimentSpec:
+        from tasks.retrievers import uses_gold
+
+        gold = [r for r in self.retrievers if uses_gold(r)]
+        if gold and self.dataset.name != "squad":
+            raise ValueError(f"retrievers: {gold[0]!r} inserts each question's gold paragraph, which only the 'squad' dataset "
+                             f"knows (dataset.name is {self.dataset.name!r})")
+        if gold and self.corpus.name != "squad-paragraphs":
+            raise ValueError(f"retrievers: {gold[0]!r} takes the gold paragraph from the SQuAD paragraphs "
+                             f"(corpus.name is {self.corpus.name!r})")
+        return self
+
     def reader_entries(self) -> list[ReaderEntry]:
         return [ReaderEntry(name=e) if isinstance(e, str) else e for e in self.readers]
 
