@@ -24,6 +24,12 @@ class DatasetSpec(_Strict):
     path: str = Field("squad/dev-v1.1.json.gz", description="file, relative to the data dir unless absolute")
     limit: int | None = Field(None, gt=0, description="number of questions sampled (seeded); all if unset")
     seed: int = 0
+    closed_book_filter: bool = Field(False, description="seed 001 §4.1: drop the sampled questions the model answers "
+                                     "correctly (EM) with no context, before retrieval")
+
+    def identity(self) -> dict:
+        """What selects the sampled questions (the filter acts after sampling, so it is not part of it)."""
+        return self.model_dump(exclude={"closed_book_filter"})
 
 
 class CorpusSpec(_Strict):
@@ -201,6 +207,8 @@ class ExperimentSpec(_Strict):
     def spec_hash(self) -> str:
         """Hash of everything that determines results (tracking locations excluded)."""
         payload = self.model_dump(exclude={"tracking", "description", "execution"})
+        if not self.dataset.closed_book_filter:  # specs without the filter keep the hash they had before it existed
+            payload["dataset"].pop("closed_book_filter")
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -41,6 +41,8 @@ def cell_metrics(outcomes: pd.DataFrame, retrievals: pd.DataFrame | None = None,
         "tokens_out_per_q": round(outcomes["tokens_out"].mean(), 1),
         "calls_per_q": round(outcomes["llm_calls"].mean(), 2),
     }
+    lo, hi = bootstrap_ci(outcomes["em"].to_numpy(dtype=float))  # seeded: 1,000 resamples of the questions
+    m["em_ci_lo"], m["em_ci_hi"] = _pct(lo), _pct(hi)
     m["gold_paragraph_hit"] = math.nan
     if retrievals is not None and questions is not None and not retrievals.empty:
         gold = {r.qid: set(r.gold_pids) for r in questions.itertuples() if len(r.gold_pids)}
