@@ -27,13 +27,14 @@ from schemas.spec import ExperimentSpec
 from tasks.context import StageResult, backend_identity, cell_name, corpus_for, retriever_for
 from tasks.evaluate import EVALUATE_VERSION, evaluate_task
 from tasks.generate import generate_round_task
-from tasks.readers import get_reader
+from tasks.readers import get_reader, settings_for
 from tasks.retrieve import retrieve_task
 from tasks.retrievers import parse_retriever
 from tasks.vote import vote_task
 from tracking.events import EventStore, event_id, new_events, stable_hash
 from tracking.metrics import cell_metrics
 from tracking.mlflow_log import MlflowLogger, flatten, resolve_tracking_uri, safe_spec
+from tracking.readers_table import readers_table, write_readers_table
 
 FLOW_VERSION = "1"
 
@@ -54,7 +55,9 @@ class CellPlan:
 class RunSummary:
     experiment: str
     spec_hash: str
-    questions: int
+    questions: int  # the questions the cells ran on (after the closed-book filter, when the spec asks for it)
+    questions_sampled: int = 0  # the questions sampled from the dataset
+    closed_book_dropped: int | None = None  # seed 001's filter: answered correctly closed book, so dropped (None: off)
     cells: dict[str, dict[str, Any]] = field(default_factory=dict)
     llm_calls: int = 0
     cache_hits: int = 0
@@ -78,7 +81,7 @@ def shard(qids: list[str], size: int) -> list[list[str]]:
 
 
 def question_rows(spec: ExperimentSpec, questions) -> list[dict[str, Any]]:
-    ds = spec.dataset.model_dump()
+    ds = spec.dataset.identity()
     return [
         {
             "event_id": event_id("questions", spec.name, ds, q.qid, q.question, q.answers),
@@ -190,9 +193,8 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
     questions = sample_questions(load_questions(spec.dataset.name, spec.dataset.path), spec.dataset.limit, spec.dataset.seed)
     q_segment = str(store.write("questions", new_events("questions", spec.name, question_rows(spec, questions))))
     qids = [q.qid for q in questions]
-    shards = shard(qids, spec.execution.shard_size)
-    shard_ids = [stable_hash("shard", s, length=12) for s in shards]
-    dataset_key = stable_hash(spec.name, spec.dataset.model_dump(), q_segment)
+    questions_sampled = len(qids)
+    dataset_key = stable_hash(spec.name, spec.dataset.identity(), q_segment)
 
     needs_corpus = any(parse_retriever(r).needs_corpus for r in spec.retrievers)
     corpus_hash = corpus_for(spec).corpus_hash if needs_corpus else ""
@@ -239,6 +241,39 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
                 endpoint["url"] = spec.model.base_url or ""
         return endpoint["url"]
 
+    # 0. seed 001's closed-book filter: one task per shard of the sampled questions; the rest run on what is left
+    closed_book_dropped: int | None = None
+    filter_segments: list[str] = []
+    if spec.dataset.closed_book_filter:
+        from tasks.closed_book_filter import FILTER_VERSION, answered_closed_book, closed_book_filter_task
+        from tasks.readers.concatenation import Concatenation
+
+        filter_params = []
+        for s in shard(qids, spec.execution.shard_size):
+            key = stable_hash("closed-book-filter", FLOW_VERSION, dataset_key, FILTER_VERSION, Concatenation.prompt_version,
+                              model_key, stable_hash("shard", s, length=12))
+            try:
+                url = endpoint_url() if not result_store.exists(key) else (base_url or spec.model.base_url or "")
+            except BaseException:
+                endpoint_stack.close()
+                raise
+            filter_params.append(dict(spec_dict=spec_dict, store_root=store_root, questions_segment=q_segment, base_url=url,
+                                      qids=s, stage_key=key, run_token=run_token))
+        try:
+            filtered = _checked(closed_book_filter_task, [closed_book_filter_task.submit(**p) for p in filter_params],
+                                filter_params)
+        except BaseException:
+            endpoint_stack.close()
+            raise
+        account(filtered)
+        filter_segments = [r.segment for r in filtered if r.segment]
+        correct = answered_closed_book(store.read("questions", paths=[q_segment]),
+                                       store.read("generations", paths=filter_segments))
+        closed_book_dropped = len(correct)
+        qids = [q for q in qids if q not in correct]
+    shards = shard(qids, spec.execution.shard_size)
+    shard_ids = [stable_hash("shard", s, length=12) for s in shards]
+
     # 1. retrieve: one task per (retriever, shard)
     retrieve_params = {}
     for r in spec.retrievers:
@@ -260,7 +295,7 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
         stage_seconds[name] = round(now - stage_started, 2)
         stage_started = now
 
-    stage_seconds["prepare"] = round(stage_started - started, 2)
+    stage_seconds["prepare"] = round(stage_started - started, 2)  # includes the closed-book filter, when on
     progress.set_total("retrieve", len(retrieve_params))
     try:
         futures = {k: retrieve_task.submit(**p) for k, p in retrieve_params.items()}
@@ -282,7 +317,8 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
         for sid in shard_ids:
             upstream = retrieve_params[(c.retriever, sid)]["stage_key"]
             for rnd in range(1, c.rounds + 1):
-                upstream = stable_hash("generate", upstream, c.strategy, reader.prompt_version, model_key, rnd, *settings)
+                version = reader.version_for(settings_for(entry))  # the template version under this entry's settings
+                upstream = stable_hash("generate", upstream, c.strategy, version, model_key, rnd, *settings)
                 gen_keys[(c.name, sid, rnd)] = upstream
     must_generate = not all(result_store.exists(k) for k in gen_keys.values())
     generations: dict[tuple[str, str], list[StageResult]] = {(c.name, sid): [] for c in cells for sid in shard_ids}
@@ -343,7 +379,7 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
 
     # metrics per cell, from the stored records of this run
     stage_done("evaluate")
-    summary = RunSummary(spec.name, spec_hash, len(qids))
+    summary = RunSummary(spec.name, spec_hash, len(qids), questions_sampled, closed_book_dropped)
     summary.flow_run_id = str(flow_run.id) if flow_run.id else None
     summary.root_flow_run_id = str(flow_run.root_flow_run_id) if flow_run.root_flow_run_id else None
     cell_segments: dict[str, dict[str, list[str]]] = {}
@@ -367,10 +403,16 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
     summary.tracking_uri = tracking_uri or resolve_tracking_uri(spec.tracking.mlflow_uri)
     summary.wall_time_s = round(time.perf_counter() - started, 2)
     run_stats = {"llm_calls": summary.llm_calls, "cache_hits": summary.cache_hits, "retries": summary.retries,
-                 "tasks_total": tasks_total, "tasks_from_cache": tasks_cached, "wall_time_s": summary.wall_time_s}
+                 "tasks_total": tasks_total, "tasks_from_cache": tasks_cached, "wall_time_s": summary.wall_time_s,
+                 "questions_sampled": questions_sampled}
+    if closed_book_dropped is not None:
+        run_stats["closed_book_dropped"] = closed_book_dropped
     by_retriever = {r: [retrieved[(r, sid)].segment for sid in shard_ids] for r in spec.retrievers}
     analysis_dir = Path(store_root) / "runs" / spec.name / f"recall-{stable_hash(by_retriever, q_segment, length=12)}"
     analysis_files = recall_curve_files(store, questions_df, by_retriever, analysis_dir)
+    table_dir = Path(store_root) / "runs" / spec.name / f"readers-{stable_hash(summary.cells, length=12)}"
+    analysis_files += write_readers_table(readers_table(summary.cells), table_dir,
+                                          f"{spec.name} — {summary.questions} questions")
     stage_done("metrics")
     logged = log_to_mlflow(spec_dict, asdict(summary), cell_segments, run_stats, summary.tracking_uri, analysis_files)
     stage_done("mlflow")
@@ -383,7 +425,8 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
     manifest_dir.mkdir(parents=True, exist_ok=True)
     manifest = manifest_dir / f"{time.strftime('%Y%m%dT%H%M%S')}-{run_token[:8]}.json"
     manifest.write_text(json.dumps({"summary": asdict(summary), "segments": cell_segments,
-                                       "spec": safe_spec(spec_dict)}, indent=2, default=str))
+                                    "closed_book_filter_segments": filter_segments,
+                                    "spec": safe_spec(spec_dict)}, indent=2, default=str))
     summary.manifest = str(manifest)
     return asdict(summary)
 

@@ -157,17 +157,20 @@ def run(
 
 
 def _print_summary(summary: dict) -> None:
+    from tracking.readers_table import display_rows, headers, readers_table
+
     table = Table(title=f"{summary['experiment']} — {summary['questions']} questions", show_lines=False)
-    cols = [("em", "EM"), ("f1", "F1"), ("semantic_acc", "Sem"), ("unk_pct", "%Unk"), ("nm_pct", "%NM"),
-            ("recall_at_k", "Recall@k"), ("tokens_in_per_q", "tok in/q"), ("tokens_out_per_q", "tok out/q"),
-            ("calls_per_q", "calls/q")]
-    for title in ("retriever", "reader", "model"):
-        table.add_column(title, no_wrap=True)
-    for _, title in cols:
-        table.add_column(title, justify="right")
-    for cell, m in summary["cells"].items():
-        table.add_row(*(p.strip() for p in cell.split("·")), *[_fmt(m.get(k, float("nan"))) for k, _ in cols])
+    for i, title in enumerate(headers()):
+        table.add_column(title, no_wrap=True, justify="left" if i < 2 else "right")
+    for row in display_rows(readers_table(summary["cells"])):
+        table.add_row(*row)
     console.print(table)
+    console.print("EM 95% CI: bootstrap over questions (1,000 resamples, seed 0); the same table is on the MLflow parent run "
+                  "as analysis/readers_table.{csv,md,html}")
+    if summary.get("closed_book_dropped") is not None:
+        console.print(f"closed-book filter (seed 001): dropped {summary['closed_book_dropped']} of "
+                      f"{summary['questions_sampled']} sampled questions answered correctly without context; "
+                      f"{summary['questions']} remain")
     console.print(
         f"model calls this run: [bold]{summary['llm_calls']}[/] (LLM-cache hits {summary['cache_hits']}, "
         f"retries {summary['retries']}; {summary['tasks_from_cache']}/{summary['tasks_total']} tasks from Prefect's cache) "

@@ -6,7 +6,7 @@ its payload. `validate_records` is the one gate every batch passes before it is 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import pandas as pd
 import pandera.pandas as pa
@@ -124,6 +124,10 @@ class OutcomeRecord(EventColumns):
     is_unknown: Series[bool]
     gold_in_context: Series[bool]
     pool_has_correct: Series[bool] = pa.Field(nullable=True)
+    # a gold answer occurs in the feedback documents the strategy retrieved itself (REFEED's refine call: Q+A, or
+    # Q+A1..An with MODULE-1); null for strategies without feedback retrieval. Optional: segments written before
+    # the column existed stay valid and read it as null.
+    gold_in_feedback: Optional[Series[bool]] = pa.Field(nullable=True)  # noqa: UP045 (pandera needs Optional here)
     error_type: Series[str] = pa.Field(isin=ERROR_TYPES)
     tokens_in: Series[int] = pa.Field(ge=0)
     tokens_out: Series[int] = pa.Field(ge=0)

@@ -24,6 +24,12 @@ class DatasetSpec(_Strict):
     path: str = Field("squad/dev-v1.1.json.gz", description="file, relative to the data dir unless absolute")
     limit: int | None = Field(None, gt=0, description="number of questions sampled (seeded); all if unset")
     seed: int = 0
+    closed_book_filter: bool = Field(False, description="seed 001 §4.1: drop the sampled questions the model answers "
+                                     "correctly (EM) with no context, before retrieval")
+
+    def identity(self) -> dict:
+        """What selects the sampled questions (the filter acts after sampling, so it is not part of it)."""
+        return self.model_dump(exclude={"closed_book_filter"})
 
 
 class CorpusSpec(_Strict):
@@ -81,6 +87,9 @@ class ReaderEntry(_Strict):
     sample_temperature: float = Field(0.7, ge=0, le=2, description="temperature of the p samples")
     feedback_k: int | None = Field(None, gt=0, le=100, description="REFEED: documents retrieved with question+answer; "
                                    "default 10 (seed 003)")
+    feedback_samples: int | None = Field(None, ge=2, le=20, description="REFEED MODULE-1 (seed 003 §3.2.2): n initial "
+                                         "answers sampled at temperature 0.7, top_p 0.9; one feedback retrieval each, "
+                                         "merged by retrieval score to the top feedback_k")
     vote: Literal["majority", "first"] = Field("majority", description="how a reader's answer pool becomes one "
                                                "answer (Post-Fusion, Concat+PF): majority (001 eq. 2) or first "
                                                "non-unknown by passage rank; changes no model call")
@@ -158,6 +167,12 @@ class ExperimentSpec(_Strict):
             name = e if isinstance(e, str) else e.name
             if name not in READERS:
                 raise ValueError(f"unknown reader strategy {name!r}; known: {', '.join(sorted(READERS))}")
+            if isinstance(e, ReaderEntry) and not READERS[name].retrieves_feedback:
+                for setting in ("feedback_k", "feedback_samples"):
+                    if getattr(e, setting) is not None:
+                        users = sorted(n for n, r in READERS.items() if r.retrieves_feedback)
+                        raise ValueError(f"readers: {name!r} retrieves no feedback documents, so {setting!r} does not apply "
+                                         f"(it applies to {', '.join(users)})")
             if isinstance(e, ReaderEntry) and e.vote != "majority" and not READERS[name].votes_over_pool:
                 pooled = sorted(n for n, r in READERS.items() if r.votes_over_pool)
                 raise ValueError(f"readers: {name!r} has no answer pool to vote over (vote applies to {', '.join(pooled)})")
@@ -165,6 +180,19 @@ class ExperimentSpec(_Strict):
         if len(set(keys)) != len(keys):
             raise ValueError(f"duplicate reader entries: {sorted(k for k in set(keys) if keys.count(k) > 1)}")
         return entries
+
+    @model_validator(mode="after")
+    def _gold_needs_gold_paragraphs(self) -> ExperimentSpec:
+        from tasks.retrievers import uses_gold
+
+        gold = [r for r in self.retrievers if uses_gold(r)]
+        if gold and self.dataset.name != "squad":
+            raise ValueError(f"retrievers: {gold[0]!r} inserts each question's gold paragraph, which only the 'squad' dataset "
+                             f"knows (dataset.name is {self.dataset.name!r})")
+        if gold and self.corpus.name != "squad-paragraphs":
+            raise ValueError(f"retrievers: {gold[0]!r} takes the gold paragraph from the SQuAD paragraphs "
+                             f"(corpus.name is {self.corpus.name!r})")
+        return self
 
     def reader_entries(self) -> list[ReaderEntry]:
         return [ReaderEntry(name=e) if isinstance(e, str) else e for e in self.readers]
@@ -179,6 +207,8 @@ class ExperimentSpec(_Strict):
     def spec_hash(self) -> str:
         """Hash of everything that determines results (tracking locations excluded)."""
         payload = self.model_dump(exclude={"tracking", "description", "execution"})
+        if not self.dataset.closed_book_filter:  # specs without the filter keep the hash they had before it existed
+            payload["dataset"].pop("closed_book_filter")
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -7,16 +7,18 @@ RE is an extraction error when the prediction occurs in the context, else a hall
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pandas as pd
 
 from ragledger.answers import contains_token_sequence, em_score, f1_score, has_answer, is_unknown
 from tasks.context import StageResult, cell_name, read_questions, spec_from, stage_task, store_from
+from tasks.readers import get_reader
 from tasks.retrieve import passages_by_question
 from tracking.events import event_id, new_events
 
-EVALUATE_VERSION = "eval-1"
+EVALUATE_VERSION = "eval-2"  # eval-2: gold_in_feedback
 
 
 def error_type(correct: bool, unknown: bool, gold_in_context: bool, prediction_in_context: bool) -> str:
@@ -41,8 +43,10 @@ def outcome_rows(
     votes: pd.DataFrame,
     generations: pd.DataFrame,
     semantic: bool = True,
+    feedback_documents: Callable[[str, str, str], str | None] | None = None,
 ) -> list[dict[str, Any]]:
     answers = {r.qid: list(r.answers) for r in questions.itertuples()}
+    feedback = feedback_contexts(questions, generations, feedback_documents)
     contexts = {qid: "\n\n".join(t for _, t in ps) for qid, ps in passages_by_question(retrievals).items()}
     usage = generations.groupby("qid")[["tokens_in", "tokens_out"]].sum() if not generations.empty else None
     calls = generations.groupby("qid").size() if not generations.empty else None
@@ -84,6 +88,7 @@ def outcome_rows(
                 "is_unknown": unknown,
                 "gold_in_context": gic,
                 "pool_has_correct": pool_has_correct,
+                "gold_in_feedback": has_answer(feedback[v.qid], golds) if v.qid in feedback else None,
                 "error_type": error_type(em == 1.0, unknown, gic, (not unknown) and contains_token_sequence(context, pred)),
                 "tokens_in": int(usage.loc[v.qid, "tokens_in"]) if usage is not None and v.qid in usage.index else 0,
                 "tokens_out": int(usage.loc[v.qid, "tokens_out"]) if usage is not None and v.qid in usage.index else 0,
@@ -91,6 +96,20 @@ def outcome_rows(
             }
         )
     return rows
+
+
+def feedback_contexts(questions: pd.DataFrame, generations: pd.DataFrame,
+                      feedback_documents: Callable[[str, str, str], str | None] | None) -> dict[str, str]:
+    """qid -> the text of the feedback documents the strategy's own calls carried (`Reader.feedback_documents`)."""
+    if feedback_documents is None or generations.empty or "prompt" not in generations:
+        return {}
+    texts = dict(zip(questions["qid"], questions["question"], strict=True)) if "question" in questions else {}
+    out: dict[str, list[str]] = {}
+    for g in generations.itertuples():
+        docs = feedback_documents(texts.get(g.qid, ""), g.role, g.prompt)
+        if docs is not None:
+            out.setdefault(g.qid, []).append(docs)
+    return {qid: "\n\n".join(docs) for qid, docs in out.items()}
 
 
 def run_evaluate(
@@ -113,9 +132,11 @@ def run_evaluate(
     votes = store.read("votes", paths=[vote_segment] if vote_segment else [])
     model = spec.model.display_name
     cell = cell_name(retriever_name, strategy, model)
+    reader = get_reader(spec.reader_entry(strategy).name)
     rows = outcome_rows(
         spec.name, cell, retriever_name, strategy, model, stage_key,
         questions, retrievals[retrievals["qid"].isin(qids)], votes, generations,
+        feedback_documents=reader.feedback_documents if reader.retrieves_feedback else None,
     )  # fmt: skip
     segment = store.write("outcomes", new_events("outcomes", spec.name, rows)) if rows else None
     return StageResult("evaluate", cell, stage_key, str(segment) if segment else None, len(rows), run_token, {})

@@ -67,7 +67,7 @@ def feedback_retrieval(spec: ExperimentSpec, retriever_name: str, store_root: st
             r = copy.copy(base)
             r.k = k
         hits = r.retrieve([Query("feedback", text)]).get("feedback", [])
-        return [Passage(h.pid, h.text) for h in hits]
+        return [Passage(h.pid, h.text, h.title, h.score) for h in hits]
 
     return retrieve
 
@@ -96,8 +96,10 @@ def generation_rows(
     responses: list[LLMResponse],
     client: LLMClient,
     strategy: str | None = None,
+    prompt_version: str | None = None,
 ) -> list[dict[str, Any]]:
     rows = []
+    prompt_version = prompt_version or reader.prompt_version
     model = spec.model.display_name
     strategy = strategy or reader.name  # the spec's label (name plus non-default settings)
     cell = cell_name(retriever_name, strategy, model)
@@ -116,7 +118,7 @@ def generation_rows(
                 "call_index": call_index,
                 "sample_index": call.sample_index,
                 "call_id": call_id,
-                "prompt_version": reader.prompt_version,
+                "prompt_version": prompt_version,
                 "prompt_hash": stable_hash(call.system, call.prompt),
                 "system_prompt": call.system,
                 "prompt": call.prompt,
@@ -175,7 +177,8 @@ def run_generate_round(
         return await asyncio.gather(*(one(req) for _, _, _, req in planned))
 
     responses = run_on_engine(run_all()) if planned else []
-    rows = generation_rows(spec, reader, retriever_name, round_no, stage_key, planned, responses, client, strategy)
+    rows = generation_rows(spec, reader, retriever_name, round_no, stage_key, planned, responses, client, strategy,
+                           reader.version_for(settings))
     segment = store.write("generations", new_events("generations", spec.name, rows)) if rows else None
     c = client.counters
     counters = {"llm_calls": c.calls, "cache_hits": c.cache_hits, "retries": c.retries,

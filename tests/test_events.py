@@ -96,3 +96,18 @@ def test_query_views_exist_even_when_empty(tmp_path):
     con = connect(tmp_path)
     for view in ("questions", "retrievals", "generations", "votes", "outcomes"):
         assert con.execute(f"SELECT count(*) FROM {view}").fetchone()[0] == 0
+
+
+def test_segments_from_before_gold_in_feedback_stay_readable(tmp_path):
+    """OutcomeRecord.gold_in_feedback is optional: old segments (without it) verify, read and query beside new ones."""
+    store = EventStore(tmp_path)
+    store.write("outcomes", new_events("outcomes", "exp", outcome_rows(2)))  # written as before the column existed
+    new = outcome_rows(2, start=2)
+    for r, v in zip(new, (True, None), strict=True):
+        r["gold_in_feedback"] = v
+    store.write("outcomes", new_events("outcomes", "exp", new))
+    checked, problems = store.verify()
+    assert checked == 2 and problems == []
+    df = store.read("outcomes").set_index("qid")
+    assert df.loc["q2", "gold_in_feedback"] == True and pd.isna(df.loc["q0", "gold_in_feedback"])  # noqa: E712
+    assert outcomes(tmp_path).set_index("qid")["gold_in_feedback"].isna().tolist() == [True, True, False, True]

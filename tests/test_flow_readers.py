@@ -7,6 +7,7 @@ decision rules can be checked on the stored records.
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -38,10 +39,16 @@ def _topic(text: str) -> str:
 def scripted_model(system: str, prompt: str, body: dict) -> str:
     if "provide two correct candidates" in prompt:  # SuRe round 1
         return CANDIDATES[_topic(prompt.split("Question:")[-1])]
+    if "support the prediction about the question" in prompt:  # SuRe generic summary (Listing 6)
+        return f"{next((a for k, a in ENTITIES if k in prompt), 'Nothing')} is mentioned. [DONE]"
     if "professional writer" in prompt:  # SuRe summary: echo the prediction
         return f"The passages support {prompt.split('Prediction:')[1].splitlines()[0].strip()}. [DONE]"
     if "Does the passage correctly support" in prompt:  # SuRe validity: everything but the Panthers
         return "False" if "Panthers" in prompt.split("Passage:")[1] else "True"
+    if "Choices: (a)" in prompt and "Task description" in prompt:  # SuRe MCQ prompt: picks choice (b)
+        return "(b)"
+    if prompt.split("\n\nTask description")[0].endswith("is mentioned."):  # Sum-and-pred: answer from the summary
+        return prompt.split(" is mentioned.")[0]
     if "Passage 1:" in prompt:  # SuRe ranking: prefers the Broncos summary, else position bias (always Passage 1)
         p1 = prompt.split("Passage 1:")[1].split("Passage 2:")[0]
         p2 = prompt.split("Passage 2:")[1].split("Target Question:")[0]
@@ -69,7 +76,8 @@ def logprob_of(system: str, prompt: str, text: str) -> float:
     return -0.5
 
 
-READERS = ["concat_pf", "pf_concat", "sure", "sure_base", "refeed", "refeed_refined", "pruning", "summary",
+READERS = ["concat_pf", "pf_concat", "sure", "sure_base", "sure_mcq", "sure_generic", "refeed", "refeed_refined", "pruning",
+           "summary",
            {"name": "post_fusion", "samples": 2}]
 
 
@@ -129,6 +137,12 @@ def test_every_seed_strategy_through_the_flow(workspace, prefect_harness):
     assert votes.loc[("sure", "q1"), "chosen"] == "Denver Broncos" and list(votes.loc[("sure", "q1"), "scores"]) == [0.0, 2.0]
     assert votes.loc[("sure", "q2"), "chosen"] == "Paris" and list(votes.loc[("sure", "q2"), "scores"]) == [1.5, 1.5]  # a tie
     assert first["cells"]["bm25@2 · sure · scripted"]["calls_per_q"] == 7.0
+    # Table 3 ablations: the MCQ prompt picks (b) among SuRe's candidates; Sum-and-pred answers from a generic summary
+    mcq = {q: votes.loc[("sure_mcq", q), "chosen"] for q in ("q1", "q2", "q3")}
+    assert mcq == {"q1": "Denver Broncos", "q2": "Lyon", "q3": "K2"}
+    assert gens[gens.strategy == "sure_mcq"].groupby("role").size().to_dict() == {"candidates": 3, "choice": 3}
+    assert outcomes.loc[("sure_generic", "q1"), "prediction"] == "Denver Broncos"
+    assert first["cells"]["bm25@2 · sure_generic · scripted"]["calls_per_q"] == 2.0
 
     # REFEED: retrieval with question + initial answer, then the log-probability ensemble
     rf = gens[gens.strategy == "refeed"]
@@ -165,3 +179,51 @@ def test_refeed_without_logprobs_falls_back_to_refined(workspace, prefect_harnes
     votes = query(spec["tracking"]["store"], "SELECT qid, method, chosen FROM votes").set_index("qid")
     assert set(votes["method"]) == {"refeed-no-logprobs"}
     assert votes.loc["q1", "chosen"] == "Denver Broncos" and votes.loc["q3", "chosen"] == "Everest"
+
+
+SAMPLED_GUESSES = {"Super Bowl": ["Carolina Panthers", "Denver Broncos", "Carolina Panthers"],
+                   "capital": ["Lyon", "Paris", "Lyon"], "mountain": ["K2", "K2", "Everest"]}
+
+
+def diverse_model(system: str, prompt: str, body: dict) -> str:
+    """REFEED MODULE-1: sampled closed-book guesses differ by the request's seed (seed = spec seed + sample index)."""
+    if prompt.startswith("Question:") and "Initial answer" not in prompt and body.get("temperature") == 0.7:
+        return SAMPLED_GUESSES[_topic(prompt)][body["seed"] % 3]
+    return scripted_model(system, prompt, body)
+
+
+def test_refeed_module1_diverse_feedback_and_feedback_recall(workspace, prefect_harness):
+    from flows.experiment import experiment_flow
+    from tracking.query import query
+
+    with ScriptedServer(answer=diverse_model, logprob_fn=logprob_of) as server:
+        spec = make_spec(workspace, server.base_url)
+        spec["retrievers"] = ["bm25@1"]
+        spec["readers"] = [{"name": "refeed", "feedback_k": 1}, {"name": "refeed", "feedback_k": 1, "feedback_samples": 3},
+                           "concatenation"]
+        first = experiment_flow(spec, spec["tracking"]["store"], spec["tracking"]["mlflow_uri"])
+        sampled = [r for r in server.requests if r.get("temperature") == 0.7]
+        assert len(sampled) == 9 and {r["top_p"] for r in sampled} == {0.9} and {r["seed"] for r in sampled} == {0, 1, 2}
+        calls = server.calls
+        again = experiment_flow(spec, spec["tracking"]["store"], spec["tracking"]["mlflow_uri"])
+        assert again["llm_calls"] == 0 and server.calls == calls
+    store = spec["tracking"]["store"]
+    gens = query(store, "SELECT * FROM generations")
+    m1 = gens[gens.strategy == "refeed(feedback_k=1,feedback_samples=3)"]
+    assert m1.groupby("role").size().to_dict() == {"initial": 9, "refine": 3}
+    refine = m1[m1.role == "refine"].set_index("qid")
+    assert "Initial answers (before reading the passages): Carolina Panthers; Denver Broncos\n" in refine.loc["q1", "prompt"]
+    assert list(refine.loc["q3", "passage_ids"]) == ["c1"]  # the Everest sample's document outranks the K2 ones
+    assert len(refine.loc["q1", "passage_ids"]) == 1  # merged and cut to feedback_k
+    assert set(m1["prompt_version"]) == {"003-table10-11-v1+k10+003-module1-v1"}
+    outcomes = query(store, "SELECT strategy, qid, gold_in_feedback FROM outcomes").set_index(["strategy", "qid"])
+    assert outcomes.loc["concatenation", "gold_in_feedback"].isna().all()
+    cells = first["cells"]
+    one = cells["bm25@1 · refeed(feedback_k=1) · scripted"]
+    diverse = cells["bm25@1 · refeed(feedback_k=1,feedback_samples=3) · scripted"]
+    # Q only vs Q+A vs Q+A1..An: the confident wrong greedy guess (K2) misleads Q+A on q3; a diverse sample finds Everest
+    assert one["recall_feedback_at_k"] < diverse["recall_feedback_at_k"] == 100.0
+    assert math.isnan(cells["bm25@1 · concatenation · scripted"]["recall_feedback_at_k"])
+    assert not outcomes.loc[("refeed(feedback_k=1)", "q3"), "gold_in_feedback"]
+    assert outcomes.loc[("refeed(feedback_k=1,feedback_samples=3)", "q3"), "gold_in_feedback"]
+    assert one["recall_at_k"] == diverse["recall_at_k"]  # Q only: the cell retrieval, the same for both

@@ -151,6 +151,57 @@ def test_sure_base_is_listing_5():
     assert closed.prompt.startswith("Task description") and closed.passage_ids == ()
 
 
+# ---- seed 004 Table 3 ablations: Sum-and-pred (Gen) and the MCQ prompt ------------------------------
+
+def test_sure_generic_summarizes_then_predicts_from_the_summary():
+    r = get_reader("sure_generic")
+    (summary,) = r.plan(1, ITEM, [], ReaderSettings())
+    assert summary.prompt.startswith("Passage #1 Title: Broncos\nPassage #1 Text: The Denver Broncos won.")
+    assert "support the prediction about the question only based on" in summary.prompt  # Listing 6, no conditioning
+    assert "Choices:" not in summary.prompt and summary.prompt.endswith("Question: Who won Super Bowl 50?\nPassage:")
+    text = "The Denver Broncos won Super Bowl 50. [DONE]"
+    hist = [gen(1, "summary", parse_output(text, "sure_summary")[0], output=text)]
+    (pred,) = r.plan(2, ITEM, hist, ReaderSettings())
+    assert pred.prompt.startswith("The Denver Broncos won Super Bowl 50.\n\nTask description: predict the answer")
+    assert "Passage #1" not in pred.prompt and pred.passage_ids == ()
+    assert r.decide(ITEM, [*hist, gen(2, "answer", "Denver Broncos")]).chosen == "Denver Broncos"
+    empty = [gen(1, "summary", "", status="empty", output="[DONE]")]
+    assert r.plan(2, ITEM, empty, ReaderSettings()) == []
+    assert r.decide(ITEM, empty).chosen == "unknown"
+
+
+@pytest.mark.parametrize(("output", "chosen", "method"), [
+    ("(b)", "Carolina Panthers", "mcq"),
+    ("b) Carolina Panthers", "Carolina Panthers", "mcq"),
+    ("Answer: (a) Denver Broncos", "Denver Broncos", "mcq"),
+    ("a", "Denver Broncos", "mcq"),
+    ("Denver Broncos.", "Denver Broncos", "mcq"),
+    ("The Carolina Panthers", "Carolina Panthers", "mcq"),
+    ("Seattle Seahawks", "Seattle Seahawks", "mcq-off-choices"),
+    ("", "unknown", "mcq-off-choices"),
+])  # fmt: skip
+def test_sure_mcq_offers_the_candidates_and_maps_the_pick(output, chosen, method):
+    r = get_reader("sure_mcq")
+    (cands,) = r.plan(1, ITEM, [], ReaderSettings())
+    assert cands == get_reader("sure").plan(1, ITEM, [], ReaderSettings())[0]  # the same call: shared via the LLM cache
+    out = "(a) Denver Broncos, (b) Carolina Panthers"
+    hist = [gen(1, "candidates", parse_output(out, "sure_candidates")[0], output=out)]
+    (mcq,) = r.plan(2, ITEM, hist, ReaderSettings())
+    assert "Task description: predict the answer to the following question. Do not exceed 3 words." in mcq.prompt
+    assert mcq.prompt.endswith("Choices: (a) Denver Broncos (b) Carolina Panthers\nAnswer:")
+    d = r.decide(ITEM, [*hist, gen(2, "choice", parse_output(output)[0], output=output)])
+    assert (d.chosen, d.method) == (chosen, method) and d.candidates == ("Denver Broncos", "Carolina Panthers")
+
+
+def test_sure_mcq_with_one_candidate_makes_no_second_call():
+    r = get_reader("sure_mcq")
+    hist = [gen(1, "candidates", "Denver Broncos", output="Denver Broncos")]
+    assert r.plan(2, ITEM, hist, ReaderSettings()) == []
+    assert r.decide(ITEM, hist).chosen == "Denver Broncos"
+    sentence = "The passages do not say which team won the game."
+    assert r.decide(ITEM, [gen(1, "candidates", "", status="unparseable", output=sentence)]).chosen == "unknown"
+
+
 # ---- seed 003: REFEED -----------------------------------------------------------------------------
 
 def test_refeed_retrieves_with_question_plus_answer_and_refines():
@@ -182,6 +233,60 @@ def test_refeed_retrieves_with_question_plus_answer_and_refines():
     assert no_lp.method == "refeed-no-logprobs" and no_lp.chosen == "Denver Broncos" and math.isnan(no_lp.scores[0])
     ablation = get_reader("refeed_refined").decide(ITEM, [*hist, gen(2, "refine", "Denver Broncos", lp=-0.9)])
     assert ablation.chosen == "Denver Broncos"
+
+
+def test_refeed_module1_samples_merges_feedback_by_score_and_ensembles():
+    r = get_reader("refeed")
+    s3 = ReaderSettings(feedback_samples=3, feedback_k=3)
+    initial = r.plan(1, ITEM, [], s3)
+    assert [c.sample_index for c in initial] == [0, 1, 2]
+    assert {(c.temperature, c.top_p, c.logprobs) for c in initial} == {(0.7, 0.9, True)}
+    assert r.version_for(s3) != r.version_for(ReaderSettings()) == r.prompt_version
+    p1, p2 = Passage("p1", "Broncos won.", score=12.0), Passage("p2", "Panthers lost.", score=5.0)
+    lists = {
+        "Who won Super Bowl 50? Carolina Panthers": [Passage("p2", "Panthers lost.", score=9.0), Passage("w", "x", score=2.0)],
+        "Who won Super Bowl 50? Denver Broncos": [p1, p2, Passage("x", "Other.", score=4.0)],
+    }
+    queries = []
+
+    def retrieve(text, k):
+        queries.append((text, k))
+        return lists[text]
+
+    hist = [gen(1, "initial", a, lp=lp, sample=j)
+            for j, (a, lp) in enumerate((("Carolina Panthers", -0.3), ("Denver Broncos", -0.8), ("Carolina Panthers", -0.3)))]
+    (refine,) = r.plan(2, ITEM, hist, ReaderSettings(retrieve=retrieve, feedback_samples=3, feedback_k=3))
+    assert queries == [("Who won Super Bowl 50? Carolina Panthers", 3), ("Who won Super Bowl 50? Denver Broncos", 3)]
+    assert refine.passage_ids == ("p1", "p2", "x")  # merged, deduplicated at the best score, top k = 3
+    assert "Initial answers (before reading the passages): Carolina Panthers; Denver Broncos\n" in refine.prompt
+    docs = r.feedback_documents(ITEM.question, "refine", refine.prompt)
+    assert docs == "Passage: Broncos won.\nPassage: Panthers lost.\nPassage: Other."
+    assert r.feedback_documents(ITEM.question, "initial", "Question: x The answer is") is None
+
+    d = r.decide(ITEM, [*hist, gen(2, "refine", "Denver Broncos", lp=-0.5)])
+    assert d.candidates == ("Carolina Panthers", "Denver Broncos", "Carolina Panthers", "Denver Broncos")
+    assert d.chosen == "Carolina Panthers" and d.method == "refeed-logprob"  # the best initial (-0.3) beats the refined
+    ablation = get_reader("refeed_refined").decide(ITEM, [*hist, gen(2, "refine", "Denver Broncos", lp=-0.5)])
+    assert ablation.chosen == "Denver Broncos"
+
+    # without scores (an LLM-written retriever) the lists are interleaved by rank
+    from tasks.readers.refeed import merge_by_score
+
+    a = [Passage("a1", "x"), Passage("a2", "x")]
+    b = [Passage("b1", "x"), Passage("a1", "x")]
+    assert [p.pid for p in merge_by_score([a, b], 3)] == ["a1", "b1", "a2"]
+
+
+def test_feedback_settings_only_for_refeed_and_enter_labels():
+    spec = parse_spec({"name": "t", "retrievers": ["bm25@5"],
+                       "readers": ["refeed", {"name": "refeed", "feedback_samples": 3}]})
+    assert [e.key for e in spec.reader_entries()] == ["refeed", "refeed(feedback_samples=3)"]
+    assert settings_for(spec.reader_entry("refeed(feedback_samples=3)")).feedback_samples == 3
+    assert settings_for(spec.reader_entry("refeed")).feedback_samples == 1
+    with pytest.raises(SpecError, match="'sure' retrieves no feedback documents, so 'feedback_samples' does not apply"):
+        parse_spec({"name": "t", "retrievers": ["bm25@5"], "readers": [{"name": "sure", "feedback_samples": 3}]})
+    with pytest.raises(SpecError, match=r"readers\[0\]\.feedback_samples"):
+        parse_spec({"name": "t", "retrievers": ["bm25@5"], "readers": [{"name": "refeed", "feedback_samples": 1}]})
 
 
 def test_answer_is_parser():

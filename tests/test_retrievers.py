@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tasks.retrievers import parse_retriever
-from tasks.retrievers.base import Corpus, Hit, Query
+from tasks.retrievers.base import Corpus, Hit, Query, Retriever
 from tasks.retrievers.bm25 import BM25
 from tasks.retrievers.compress import Compress
 from tasks.retrievers.dense import Dense
@@ -182,3 +182,66 @@ def test_rerank_orders_by_cosine_to_the_question(corpus, tmp_path):
 def test_llm_retrievers_refuse_to_run_without_a_model():
     with pytest.raises(ValueError, match="calls the model"):
         parse_retriever("parametric").retrieve([Query("q", "x?")])
+
+
+# ---- gold(X,position): seed 001's gold-passage setting ---------------------------------------------
+
+class _Fixed(Retriever):
+    """A stand-in inner retriever with fixed hits per question."""
+
+    code_version = "fixed-1"
+
+    def __init__(self, hits: dict[str, list[Hit]]):
+        super().__init__("fixed")
+        self.hits = hits
+
+    def retrieve(self, queries, llm=None):
+        return {q.qid: self.hits.get(q.qid, []) for q in queries}
+
+
+def test_insert_gold_positions():
+    from tasks.retrievers.gold import insert_gold
+
+    gold = Hit("g", None, "G", "G: gold")
+    hits = _hits("a", "b", "c")
+    placed = insert_gold(hits, gold, "random", "q1")
+    assert len(placed) == 3 and "g" in [h.pid for h in placed] and "c" not in [h.pid for h in placed]
+    assert placed == insert_gold(hits, gold, "random", "q1")  # seeded by the question id
+    positions = {[h.pid for h in insert_gold(hits, gold, "random", f"q{i}")].index("g") for i in range(40)}
+    assert positions == {0, 1, 2}
+    with_gold = [*_hits("a"), Hit("g", 3.0, "G", "G: gold"), *_hits("c")]
+    assert insert_gold(with_gold, gold, "random", "q1") == with_gold  # already retrieved: left as it is
+    assert [h.pid for h in insert_gold(hits, gold, "first", "q")] == ["g", "a", "b"]
+    assert [h.pid for h in insert_gold(hits, gold, "last", "q")] == ["a", "b", "g"]
+    moved = insert_gold(with_gold, gold, "last", "q")
+    assert [h.pid for h in moved] == ["a", "c", "g"] and moved[-1].score == 3.0  # moved, keeping its score
+    assert [h.pid for h in insert_gold([], gold, "random", "q")] == ["g"]
+
+
+def test_gold_wrapper_parses_and_inserts_from_the_corpus(corpus, tmp_path):
+    from tasks.retrievers.gold import GoldInsert
+
+    r = parse_retriever("gold(bm25@2,first)")
+    assert isinstance(r, GoldInsert) and r.position == "first" and r.inner.k == 2 and r.needs_corpus
+    assert parse_retriever("gold(bm25@2)").position == "random"
+    assert "gold-1:last" in parse_retriever("gold(bm25@2,last)").code_version
+    for bad, message in (("gold(bm25@2,middle)", "position must be one of random, first, last"),
+                         ("gold(bm25@2,first,3)", "takes a retriever and an optional position")):
+        with pytest.raises(ValueError, match=message):
+            parse_retriever(bad)
+    g = GoldInsert("gold(fixed,last)", _Fixed({"q": _hits("p1", "p2"), "f": _hits("p1")}), "last")
+    g.prepare(corpus, tmp_path)
+    out = g.retrieve([Query("q", "x", ("p6",)), Query("f", "feedback query")])
+    assert [h.pid for h in out["q"]] == ["p1", "p6"] and out["q"][1].text.startswith("Photosynthesis: Plants")
+    assert out["q"][1].score is None and [h.pid for h in out["f"]] == ["p1"]  # no gold ids: unchanged
+    with pytest.raises(ValueError, match="gold paragraph 'nope' of question 'q' is not in the corpus"):
+        g.retrieve([Query("q", "x", ("nope",))])
+
+
+def test_gold_needs_a_dataset_with_gold_paragraphs():
+    from schemas.spec import SpecError, parse_spec
+
+    with pytest.raises(SpecError, match="only the 'squad' dataset knows"):
+        parse_spec({"name": "x", "dataset": {"name": "nq-open", "path": "nq.jsonl"}, "retrievers": ["trunc(gold(bm25@5),100)"],
+                    "readers": ["concatenation"]})
+    parse_spec({"name": "x", "retrievers": ["gold(bm25@5,random)", "bm25@5"], "readers": ["concatenation"]})

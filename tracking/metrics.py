@@ -34,10 +34,15 @@ def cell_metrics(outcomes: pd.DataFrame, retrievals: pd.DataFrame | None = None,
         "unk_pct": _pct(outcomes["is_unknown"].mean()),
         "nm_pct": _pct((pool["em"] < 1).mean()) if len(pool) else math.nan,
         "recall_at_k": _pct(outcomes["gold_in_context"].mean()),
+        # REFEED: Recall@k of the strategy's own feedback retrieval (Q+A, or Q+A1..An with MODULE-1), beside
+        # recall_at_k (the cell's question-only retrieval), over the questions that made a feedback retrieval
+        "recall_feedback_at_k": _feedback_recall(outcomes),
         "tokens_in_per_q": round(outcomes["tokens_in"].mean(), 1),
         "tokens_out_per_q": round(outcomes["tokens_out"].mean(), 1),
         "calls_per_q": round(outcomes["llm_calls"].mean(), 2),
     }
+    lo, hi = bootstrap_ci(outcomes["em"].to_numpy(dtype=float))  # seeded: 1,000 resamples of the questions
+    m["em_ci_lo"], m["em_ci_hi"] = _pct(lo), _pct(hi)
     m["gold_paragraph_hit"] = math.nan
     if retrievals is not None and questions is not None and not retrievals.empty:
         gold = {r.qid: set(r.gold_pids) for r in questions.itertuples() if len(r.gold_pids)}
@@ -47,6 +52,13 @@ def cell_metrics(outcomes: pd.DataFrame, retrievals: pd.DataFrame | None = None,
             if hits:
                 m["gold_paragraph_hit"] = _pct(float(np.mean(hits)))
     return m
+
+
+def _feedback_recall(outcomes: pd.DataFrame) -> float:
+    if "gold_in_feedback" not in outcomes:
+        return math.nan
+    known = outcomes["gold_in_feedback"].dropna()
+    return _pct(known.astype(bool).mean()) if len(known) else math.nan
 
 
 def bootstrap_ci(values: np.ndarray, n_resamples: int = 1000, seed: int = 0, alpha: float = 0.05) -> tuple[float, float]:

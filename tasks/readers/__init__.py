@@ -9,6 +9,7 @@ from tasks.readers.fallback_001 import ConcatThenPF, PFThenConcat
 from tasks.readers.post_fusion import PostFusion
 from tasks.readers.refeed import Refeed, RefeedRefined
 from tasks.readers.sure import SuRe, SuReBase
+from tasks.readers.sure_ablations import SuReGeneric, SuReMCQ
 
 READERS: dict[str, type[Reader]] = {
     Concatenation.name: Concatenation,
@@ -21,6 +22,8 @@ READERS: dict[str, type[Reader]] = {
     RefeedRefined.name: RefeedRefined,
     SuRe.name: SuRe,
     SuReBase.name: SuReBase,
+    SuReGeneric.name: SuReGeneric,
+    SuReMCQ.name: SuReMCQ,
 }
 
 
@@ -34,4 +37,5 @@ def get_reader(name: str) -> Reader:
 def settings_for(entry, retrieve=None) -> ReaderSettings:
     """ReaderSettings from a spec reader entry (schemas.spec.ReaderEntry)."""
     return ReaderSettings(samples=entry.samples, sample_temperature=entry.sample_temperature,
-                          retrieve=retrieve, feedback_k=entry.feedback_k, vote=entry.vote)
+                          retrieve=retrieve, feedback_k=entry.feedback_k,
+                          feedback_samples=entry.feedback_samples or 1, vote=entry.vote)

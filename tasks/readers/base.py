@@ -22,6 +22,7 @@ class Passage:
     pid: str
     text: str  # exactly as the reader sees it
     title: str = ""  # for prompts that show title and text apart (SuRe)
+    score: float | None = None  # the retriever's score, where a strategy merges result lists (REFEED MODULE-1)
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,7 @@ class ReaderSettings:
     # first. Provided by the generate stage from the cell's retriever; None when there is none.
     retrieve: Callable[[str, int | None], list[Passage]] | None = field(default=None, compare=False, repr=False)
     feedback_k: int | None = None
+    feedback_samples: int = 1  # REFEED MODULE-1: n sampled initial answers, one feedback retrieval each
     vote: str = "majority"  # how an answer pool becomes one answer (POOL_VOTES); readers with a pool use it
 
 
@@ -86,6 +88,17 @@ class Reader(ABC):
     rounds: int = 1
     needs_logprobs: bool = False  # the embedded server then keeps all logits (slower prompts, more memory)
     votes_over_pool: bool = False  # decides over an answer pool, so the spec's `vote` setting applies
+    retrieves_feedback: bool = False  # retrieves again with its own queries, so `feedback_k`/`feedback_samples` apply
+
+    def version_for(self, settings: ReaderSettings) -> str:
+        """The prompt version of this strategy under these settings (enters the generate cache keys and the
+        GenerationRecords); a setting that switches to another template adds that template's version."""
+        return self.prompt_version
+
+    def feedback_documents(self, question: str, role: str, prompt: str) -> str | None:
+        """The feedback documents of one of this strategy's stored prompts (REFEED's refine call), as text, or
+        None when the call carries none. Evaluation scores Recall@k of feedback retrieval from it."""
+        return None
 
     @abstractmethod
     def plan(self, round_no: int, item: ReaderInput, history: list[Generation], settings: ReaderSettings) -> list[Call]:

@@ -8,7 +8,12 @@ Decision (MODULE-2, `refeed`): keep the initial answer when its mean token log-p
 than the refined answer's, else the refined one. Without log-probabilities from the backend the refined
 answer is kept and the vote's method says so (`refeed-no-logprobs`). `refeed_refined` is the ablation
 without the ensemble (always the refined answer); it shares every model call with `refeed`.
-MODULE-1 (n sampled initial answers, merged retrieval) is not implemented.
+
+MODULE-1 (`feedback_samples: n`, seed 003 §3.2.2 and Table 7): round 1 samples n initial answers (temperature
+0.7, top_p 0.9; one request per sample index, each with its own seed, since llama.cpp ignores n > 1). Round 2
+retrieves with "question + answer_j" for each distinct answer, merges the lists, keeps each document once (its
+best score), ranks by retrieval score and keeps the top k; the refine prompt lists all n initial answers.
+MODULE-2 then compares the refined answer with the most probable initial answer.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from tasks.readers.base import (
     Call,
     Decision,
     Generation,
+    Passage,
     Reader,
     ReaderInput,
     ReaderSettings,
@@ -29,6 +35,8 @@ from tasks.readers.base import (
 )
 
 PROMPT_VERSION = "003-table10-11-v1"
+MODULE1_VERSION = "003-module1-v1"  # the refine template listing n initial answers, and the merge rule
+SAMPLE_TEMPERATURE, SAMPLE_TOP_P = 0.7, 0.9  # seed 003 Table 7, "with diverse retrieval feedback"
 FEEDBACK_K = 10  # seed 003 §3.2.2: "k = 10 for fair comparisons with baselines"
 
 # Tables 10-11: the paper uses the first 64 QA pairs of NQ train; the extracted text prints five.
@@ -50,6 +58,14 @@ Initial answer (before reading the passages): {initial}
 Refer to the passages below and answer the following question with just a few words.
 Question: {question} The answer is"""
 
+# MODULE-1: "we provide all n generated outputs as well as the aforementioned top-k documents as part of the prompt"
+OPEN_USER_DIVERSE = """Question: {question}
+{documents}
+Initial answers (before reading the passages): {initial}
+Refer to the passages below and answer the following question with just a few words.
+Question: {question} The answer is"""
+_FEEDBACK_END = ("\nInitial answer (before reading the passages):", "\nInitial answers (before reading the passages):")
+
 _ANSWER_IS = re.compile(r"the\s+answer\s+is\s*[:：]?\s*", re.IGNORECASE)
 
 
@@ -69,41 +85,102 @@ def documents(passages) -> str:
     return "\n".join(f"Passage: {p.text}" for p in passages)
 
 
+def merge_by_score(lists: list[list[Passage]], k: int) -> list[Passage]:
+    """MODULE-1's merge: every retrieved document once (at its best score), ranked by retrieval score, top k.
+    Ties keep first-seen order (query order, then rank). A retriever without scores (parametric, LLM-written
+    text) cannot be ranked across queries: its lists are interleaved by rank instead."""
+    if any(p.score is None for ps in lists for p in ps):
+        seen: set[str] = set()
+        out: list[Passage] = []
+        for rank in range(max((len(ps) for ps in lists), default=0)):
+            for ps in lists:
+                if rank < len(ps) and ps[rank].pid not in seen:
+                    seen.add(ps[rank].pid)
+                    out.append(ps[rank])
+        return out[:k]
+    best: dict[str, tuple[float, int, Passage]] = {}
+    order = 0
+    for ps in lists:
+        for p in ps:
+            score = float(p.score)  # type: ignore[arg-type]  # checked above
+            if p.pid not in best or score > best[p.pid][0]:
+                best[p.pid] = (score, best[p.pid][1] if p.pid in best else order, p)
+            order += 1
+    ranked = sorted(best.values(), key=lambda t: (-t[0], t[1]))
+    return [p for _, _, p in ranked[:k]]
+
+
+def feedback_queries(question: str, answers: list[str]) -> list[str]:
+    """One query per distinct initial answer ("question + answer"), in sample order."""
+    out: list[str] = []
+    for a in answers:
+        q = f"{question} {a}".strip()
+        if q not in out:
+            out.append(q)
+    return out
+
+
 class Refeed(Reader):
     name = "refeed"
     prompt_version = f"{PROMPT_VERSION}+k{FEEDBACK_K}"  # the default feedback depth changes the calls too
     rounds = 2
     needs_logprobs = True
+    retrieves_feedback = True
+
+    def version_for(self, settings: ReaderSettings) -> str:
+        return f"{self.prompt_version}+{MODULE1_VERSION}" if settings.feedback_samples > 1 else self.prompt_version
 
     def plan(self, round_no: int, item: ReaderInput, history: list[Generation], settings: ReaderSettings) -> list[Call]:
-        if round_no == 1:  # greedy, closed book
-            return [Call("initial", CLOSED_SYSTEM, fill(CLOSED_USER, question=item.question), (), temperature=0.0,
-                         logprobs=True, parser="answer_is")]
-        initial = next((g for g in history if g.role == "initial"), None)
-        if initial is None or settings.retrieve is None:
+        n = settings.feedback_samples
+        if round_no == 1:
+            prompt = fill(CLOSED_USER, question=item.question)
+            if n > 1:  # MODULE-1: n nucleus samples, one seeded request each
+                return [Call("initial", CLOSED_SYSTEM, prompt, (), sample_index=j, temperature=SAMPLE_TEMPERATURE,
+                             top_p=SAMPLE_TOP_P, logprobs=True, parser="answer_is") for j in range(n)]
+            return [Call("initial", CLOSED_SYSTEM, prompt, (), temperature=0.0, logprobs=True, parser="answer_is")]
+        initials = [g for g in history if g.role == "initial"]
+        if not initials or settings.retrieve is None:
             return []  # closed-book cell: nothing to retrieve with
-        query = f"{item.question} {initial.parsed_answer}".strip()
-        passages = settings.retrieve(query, settings.feedback_k or FEEDBACK_K)
+        k = settings.feedback_k or FEEDBACK_K
+        answers = [g.parsed_answer for g in initials]
+        lists = [settings.retrieve(q, k) for q in feedback_queries(item.question, answers)]
+        passages = lists[0] if n == 1 else merge_by_score(lists, k)
         if not passages:
             return []
-        initial_answer = initial.parsed_answer or "unknown"
-        prompt = fill(OPEN_USER, question=item.question, documents=documents(passages), initial=initial_answer)
+        if n == 1:
+            prompt = fill(OPEN_USER, question=item.question, documents=documents(passages), initial=answers[0] or "unknown")
+        else:
+            shown = "; ".join(dict.fromkeys(a or "unknown" for a in answers))  # distinct, in sample order
+            prompt = fill(OPEN_USER_DIVERSE, question=item.question, documents=documents(passages), initial=shown)
         return [Call("refine", OPEN_SYSTEM, prompt, tuple(p.pid for p in passages), temperature=0.0, logprobs=True,
                      parser="answer_is")]
 
+    def feedback_documents(self, question: str, role: str, prompt: str) -> str | None:
+        """The documents block of a refine prompt: between the first line ("Question: ...") and the initial answer(s)."""
+        if role != "refine":
+            return None
+        head = f"Question: {question}\n"
+        body = prompt[len(head):] if prompt.startswith(head) else prompt.partition("\n")[2]
+        end = max(body.rfind(marker) for marker in _FEEDBACK_END)
+        return body[:end] if end >= 0 else body
+
     def decide(self, item: ReaderInput, history: list[Generation], settings: ReaderSettings | None = None) -> Decision:
-        initial = next((g for g in history if g.role == "initial"), None)
+        initials = [g for g in history if g.role == "initial"]
         refined = next((g for g in history if g.role == "refine"), None)
-        if initial is None:
+        if not initials:
             return Decision("refeed-no-generation", (), (), "unknown")
+        # before feedback: the most probable initial answer (the only one without MODULE-1); ties to the earlier sample
+        best = max(range(len(initials)), key=lambda i: (_rank_lp(initials[i]), -i))
+        initial = initials[best]
         if refined is None:
-            return Decision("refeed-no-feedback", (initial.parsed_answer,), (_lp(initial),), initial.parsed_answer or "unknown")
-        cands = (initial.parsed_answer, refined.parsed_answer)
-        scores = (_lp(initial), _lp(refined))
-        if math.isnan(scores[0]) or math.isnan(scores[1]):
+            return Decision("refeed-no-feedback", tuple(g.parsed_answer for g in initials), tuple(_lp(g) for g in initials),
+                            initial.parsed_answer or "unknown")
+        cands = (*(g.parsed_answer for g in initials), refined.parsed_answer)
+        scores = (*(_lp(g) for g in initials), _lp(refined))
+        if math.isnan(_lp(initial)) or math.isnan(_lp(refined)):
             return Decision("refeed-no-logprobs", cands, scores, refined.parsed_answer or "unknown")
         # seed 003: keep the initial output only when its probability is higher than after feedback
-        chosen = initial.parsed_answer if scores[0] > scores[1] else refined.parsed_answer
+        chosen = initial.parsed_answer if _lp(initial) > _lp(refined) else refined.parsed_answer
         return Decision("refeed-logprob", cands, scores, chosen or "unknown")
 
 
@@ -114,10 +191,15 @@ class RefeedRefined(Refeed):
 
     def decide(self, item: ReaderInput, history: list[Generation], settings: ReaderSettings | None = None) -> Decision:
         d = super().decide(item, history)
-        if d.method in ("refeed-logprob", "refeed-no-logprobs"):
-            return Decision("refeed-refined", d.candidates, d.scores, d.candidates[1] or "unknown")
+        if d.method in ("refeed-logprob", "refeed-no-logprobs"):  # the refined answer is the last candidate
+            return Decision("refeed-refined", d.candidates, d.scores, d.candidates[-1] or "unknown")
         return d
 
 
 def _lp(g: Generation) -> float:
     return math.nan if g.mean_logprob is None else float(g.mean_logprob)
+
+
+def _rank_lp(g: Generation) -> float:
+    lp = _lp(g)
+    return -math.inf if math.isnan(lp) else lp

@@ -10,9 +10,12 @@ of other retrievers).
     fn(args) := 'hybrid(' name (',' name)+ ')'     concatenate, dedup by pid, first wins
               | 'compress(' name ')'               the LLM summarizes name's text for the question
               | 'trunc(' name ',' N ')'            word budget: at most N words in total
+              | 'gold(' name [',' position] ')'    seed 001: the gold paragraph in name's list
+                                                   (position: random (default) | first | last)
 
 Examples: `bm25@10`, `dense@10`, `bm25@rr@10`, `hybrid(bm25@5,dense@5)`, `compress(bm25@10)`,
-`trunc(parametric,100)`, `hybrid(bm25@25,dense@25)@rr@10`, `parametric`, `none`.
+`trunc(parametric,100)`, `hybrid(bm25@25,dense@25)@rr@10`, `gold(bm25@5,random)`, `gold(bm25@5,last)`, `parametric`,
+`none`.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from tasks.retrievers.bm25 import BM25
 from tasks.retrievers.closed_book import ClosedBook
 from tasks.retrievers.compress import Compress
 from tasks.retrievers.dense import Dense
+from tasks.retrievers.gold import POSITIONS, GoldInsert
 from tasks.retrievers.hybrid import Hybrid
 from tasks.retrievers.parametric import Parametric
 from tasks.retrievers.rerank import RERANK_CANDIDATES, Rerank
@@ -63,10 +67,26 @@ def _trunc(name: str, args: list[str], parse: Callable[[str], Retriever]) -> Ret
     return Truncate(name, parse(args[0]), words)
 
 
+def _gold(name: str, args: list[str], parse: Callable[[str], Retriever]) -> Retriever:
+    if len(args) not in (1, 2):
+        raise ValueError(f"gold(...) takes a retriever and an optional position, e.g. gold(bm25@5,random); got {len(args)} "
+                         "argument(s)")
+    position = args[1] if len(args) == 2 else "random"
+    if position not in POSITIONS:
+        raise ValueError(f"gold(...): the position must be one of {', '.join(POSITIONS)}, got {position!r}")
+    return GoldInsert(name, parse(args[0]), position)
+
+
+def uses_gold(name: str) -> bool:
+    """Whether a retriever name inserts gold paragraphs somewhere (it then needs a dataset that knows them)."""
+    return re.search(r"(?:^|[(,@])gold\(", name.replace(" ", "")) is not None
+
+
 WRAPPERS: dict[str, Callable[[str, list[str], Callable[[str], Retriever]], Retriever]] = {
     "hybrid": _hybrid,
     "compress": _compress,
     "trunc": _trunc,
+    "gold": _gold,
 }
 
 _SOURCE_AT_K = re.compile(r"^(?P<src>[a-z0-9_]+)@(?P<k>[^@]*)$")
@@ -159,4 +179,4 @@ def parse_retriever(name: str) -> Retriever:
         raise ValueError(f"retriever {name!r}: {problem}") from None
 
 
-__all__ = ["Corpus", "Hit", "LLMFn", "LLMPrompt", "Query", "Retriever", "parse_retriever"]
+__all__ = ["Corpus", "Hit", "LLMFn", "LLMPrompt", "Query", "Retriever", "parse_retriever", "uses_gold"]

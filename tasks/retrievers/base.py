@@ -24,6 +24,7 @@ class Hit:
 class Query:
     qid: str
     text: str
+    gold_pids: tuple[str, ...] = ()  # the question's gold paragraphs, where the dataset knows them (`gold(...)`)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,75 @@
+"""Seed 001's dataset filter (§4.1 "Dataset Filter"): drop the questions the model answers correctly with no context.
+
+"We initially prompt the LLM to answer questions without any provided context. This process enables us to filter
+out questions that the LLM can accurately answer independently." The closed-book round is the Concatenation
+prompt (Fig. 7) with an empty context — exactly the `none · concatenation` cell's call, so the two share the
+LLM-call cache — at the spec's sampling settings; a question is dropped when that answer is an exact match (EM).
+Its calls are stored as GenerationRecords of the cell `none · closed_book_filter · <model>`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pandas as pd
+from prefect import task
+
+from ragledger.answers import em_score
+from ragledger.llm import LLMResponse, run_on_engine
+from tasks.context import StageResult, cell_name, llm_client_for, read_questions, spec_from, store_from
+from tasks.generate import generation_rows, history_by_question, to_request
+from tasks.readers.base import Call, ReaderInput, ReaderSettings
+from tasks.readers.concatenation import Concatenation
+from tracking.events import new_events
+
+FILTER_VERSION = "closed-book-filter-1"
+FILTER_STRATEGY = "closed_book_filter"
+FILTER_RETRIEVER = "none"
+
+
+def filter_calls(questions: pd.DataFrame) -> list[tuple[str, Call]]:
+    """One closed-book call per question: the Concatenation prompt with no passages."""
+    reader, settings = Concatenation(), ReaderSettings()
+    return [(r.qid, call) for r in questions.itertuples() for call in reader.plan(1, ReaderInput(r.qid, r.question, ()), [],
+                                                                                   settings)]
+
+
+def answered_closed_book(questions: pd.DataFrame, generations: pd.DataFrame) -> set[str]:
+    """The question ids whose closed-book answer is an exact match of a gold answer."""
+    reader = Concatenation()
+    history = history_by_question(generations)
+    out = set()
+    for r in questions.itertuples():
+        if r.qid in history:
+            chosen = reader.decide(ReaderInput(r.qid, r.question, ()), history[r.qid]).chosen
+            if em_score(chosen, list(r.answers)) == 1.0:
+                out.add(r.qid)
+    return out
+
+
+def run_closed_book_filter(spec_dict: dict, store_root: str, questions_segment: str, base_url: str, qids: list[str],
+                           stage_key: str, run_token: str) -> StageResult:
+    spec = spec_from(spec_dict)
+    store = store_from(store_root)
+    questions = read_questions(store, questions_segment, qids)
+    planned = [(qid, 0, call, to_request(call, spec)) for qid, call in filter_calls(questions)]
+    client = llm_client_for(spec, base_url, store_root)
+
+    async def run_all() -> list[LLMResponse]:
+        return await asyncio.gather(*(client.complete(req) for _, _, _, req in planned))
+
+    responses: list[LLMResponse] = run_on_engine(run_all()) if planned else []
+    rows = generation_rows(spec, Concatenation(), FILTER_RETRIEVER, 1, stage_key, planned, responses, client, FILTER_STRATEGY)
+    segment = store.write("generations", new_events("generations", spec.name, rows)) if rows else None
+    c = client.counters
+    counters = {"llm_calls": c.calls, "cache_hits": c.cache_hits, "retries": c.retries,
+                "tokens_in": c.tokens_in, "tokens_out": c.tokens_out}
+    cell = cell_name(FILTER_RETRIEVER, FILTER_STRATEGY, spec.model.display_name)
+    return StageResult("closed-book filter", cell, stage_key, str(segment) if segment else None, len(rows), run_token, counters)
+
+
+@task(name="closed-book-filter", cache_key_fn=lambda ctx, params: params["stage_key"], persist_result=True)
+def closed_book_filter_task(spec_dict: dict, store_root: str, questions_segment: str, base_url: str, qids: list[str],
+                            stage_key: str, run_token: str) -> StageResult:
+    return run_closed_book_filter(spec_dict, store_root, questions_segment, base_url, qids, stage_key, run_token)
+
