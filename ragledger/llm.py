@@ -64,6 +64,11 @@ class CallCounters:
         for k, v in asdict(other).items():
             setattr(self, k, getattr(self, k) + v)
 
+    def as_stage_counters(self) -> dict[str, int]:
+        """The counters a stage task reports (StageResult.counters; `calls` is named llm_calls there)."""
+        return {"llm_calls": self.calls, "cache_hits": self.cache_hits, "retries": self.retries,
+                "tokens_in": self.tokens_in, "tokens_out": self.tokens_out}
+
 
 @dataclass
 class LLMClient:

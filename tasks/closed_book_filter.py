@@ -12,11 +12,10 @@ from __future__ import annotations
 import asyncio
 
 import pandas as pd
-from prefect import task
 
 from ragledger.answers import em_score
 from ragledger.llm import LLMResponse, run_on_engine
-from tasks.context import StageResult, cell_name, llm_client_for, read_questions, spec_from, store_from
+from tasks.context import StageResult, cell_name, llm_client_for, read_questions, spec_from, stage_task, store_from
 from tasks.generate import generation_rows, history_by_question, to_request
 from tasks.readers.base import Call, ReaderInput, ReaderSettings
 from tasks.readers.concatenation import Concatenation
@@ -61,15 +60,10 @@ def run_closed_book_filter(spec_dict: dict, store_root: str, questions_segment: 
     responses: list[LLMResponse] = run_on_engine(run_all()) if planned else []
     rows = generation_rows(spec, Concatenation(), FILTER_RETRIEVER, 1, stage_key, planned, responses, client, FILTER_STRATEGY)
     segment = store.write("generations", new_events("generations", spec.name, rows)) if rows else None
-    c = client.counters
-    counters = {"llm_calls": c.calls, "cache_hits": c.cache_hits, "retries": c.retries,
-                "tokens_in": c.tokens_in, "tokens_out": c.tokens_out}
+    counters = client.counters.as_stage_counters()
     cell = cell_name(FILTER_RETRIEVER, FILTER_STRATEGY, spec.model.display_name)
     return StageResult("closed-book filter", cell, stage_key, str(segment) if segment else None, len(rows), run_token, counters)
 
 
-@task(name="closed-book-filter", cache_key_fn=lambda ctx, params: params["stage_key"], persist_result=True)
-def closed_book_filter_task(spec_dict: dict, store_root: str, questions_segment: str, base_url: str, qids: list[str],
-                            stage_key: str, run_token: str) -> StageResult:
-    return run_closed_book_filter(spec_dict, store_root, questions_segment, base_url, qids, stage_key, run_token)
+closed_book_filter_task = stage_task("closed-book-filter", run_closed_book_filter)
 

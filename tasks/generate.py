@@ -180,9 +180,7 @@ def run_generate_round(
     rows = generation_rows(spec, reader, retriever_name, round_no, stage_key, planned, responses, client, strategy,
                            reader.version_for(settings))
     segment = store.write("generations", new_events("generations", spec.name, rows)) if rows else None
-    c = client.counters
-    counters = {"llm_calls": c.calls, "cache_hits": c.cache_hits, "retries": c.retries,
-                "tokens_in": c.tokens_in, "tokens_out": c.tokens_out}
+    counters = client.counters.as_stage_counters()
     cell = cell_name(retriever_name, strategy, spec.model.display_name)
     seg = str(segment) if segment else None
     return StageResult(f"generate round {round_no}", cell, stage_key, seg, len(rows), run_token, counters)

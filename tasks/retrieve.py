@@ -67,11 +67,7 @@ def run_retrieve(spec_dict: dict, store_root: str, questions_segment: str, retri
     crashpoint("retrieve.done")
     segment = store.write("retrievals", new_events("retrievals", spec.name, rows)) if rows else None
     progress.advance("retrieve questions", len(qids))
-    counters = {}
-    if client is not None:
-        c = client.counters
-        counters = {"llm_calls": c.calls, "cache_hits": c.cache_hits, "retries": c.retries,
-                    "tokens_in": c.tokens_in, "tokens_out": c.tokens_out}
+    counters = client.counters.as_stage_counters() if client is not None else {}
     return StageResult("retrieve", retriever_name, stage_key, str(segment) if segment else None, len(rows), run_token, counters)
 
 
