@@ -109,3 +109,18 @@ def has_answer(context: str, golds: Iterable[str]) -> bool:
         return False
     padded = f" {normalize_answer(context)} "  # normalized once, not once per gold answer
     return any(_contains(padded, normalize_answer(g)) for g in golds)
+
+
+def gold_spans(text: str, golds: Iterable[str]) -> list[tuple[str, bool]]:
+    """text cut into (piece, is_gold) runs: every case-insensitive occurrence of a gold answer (longest
+    first) is its own piece, for highlighting passages in `ragledger trace` and the HTML report."""
+    ordered = sorted({g for g in golds if g.strip()}, key=len, reverse=True)
+    if not ordered:
+        return [(text, False)]
+    pattern = re.compile("|".join(re.escape(g) for g in ordered), re.IGNORECASE)
+    out, last = [], 0
+    for m in pattern.finditer(text):
+        out += [(text[last : m.start()], False), (m.group(0), True)]
+        last = m.end()
+    out.append((text[last:], False))
+    return [(piece, gold) for piece, gold in out if piece]

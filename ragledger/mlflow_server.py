@@ -21,6 +21,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from ragledger.processes import pid_alive
+
 
 class MlflowServerError(RuntimeError):
     pass
@@ -88,16 +90,6 @@ def _healthy(url: str) -> bool:
         return False
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def state_dir() -> Path:
     return Path(os.environ.get("RAGLEDGER_MLFLOW_SERVER_DIR", ".ragledger/mlflow-server")).resolve()
 
@@ -107,7 +99,7 @@ def status() -> str | None:
         state = json.loads((state_dir() / "server.json").read_text())
     except (OSError, ValueError):
         return None
-    return state["url"] if _alive(int(state["pid"])) and _healthy(state["url"]) else None
+    return state["url"] if pid_alive(int(state["pid"])) and _healthy(state["url"]) else None
 
 
 def start(port: int = 5001, timeout_s: float = 180.0) -> tuple[str, bool]:
@@ -150,10 +142,10 @@ def stop() -> bool:
         pid = int(json.loads(path.read_text())["pid"])
     except (OSError, ValueError, KeyError):
         return False
-    if _alive(pid):
+    if pid_alive(pid):
         os.killpg(pid, signal.SIGTERM)
         for _ in range(60):
-            if not _alive(pid):
+            if not pid_alive(pid):
                 break
             time.sleep(0.25)
         else:

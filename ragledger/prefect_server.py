@@ -30,6 +30,8 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+from ragledger.processes import pid_alive
+
 STARTUP_TIMEOUT_S = float(os.environ.get("RAGLEDGER_PREFECT_STARTUP_TIMEOUT", "300"))
 
 
@@ -64,16 +66,6 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
     libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _wait_healthy(api_url: str, proc: subprocess.Popen, log: Path | None) -> None:
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -103,7 +95,7 @@ def persistent_server_url() -> str | None:
         state = json.loads(_state_file().read_text())
     except (OSError, ValueError):
         return None
-    if _pid_alive(int(state.get("pid", 0))) and healthy(state["api_url"]):
+    if pid_alive(int(state.get("pid", 0))) and healthy(state["api_url"]):
         return state["api_url"]
     return None
 
@@ -136,11 +128,11 @@ def stop_persistent_server() -> bool:
         return False
     pid = int(state.get("pid", 0))
     stopped = False
-    if pid and _pid_alive(pid):
+    if pid and pid_alive(pid):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGTERM)
         for _ in range(80):
-            if not _pid_alive(pid):
+            if not pid_alive(pid):
                 break
             time.sleep(0.25)
         else:

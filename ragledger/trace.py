@@ -5,7 +5,6 @@ the vote and the outcome with its error type. Reads stored records only."""
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pandas as pd
@@ -13,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.panel import Panel
 
+from ragledger.answers import gold_spans
 from tracking.events import EventStore
 
 
@@ -22,17 +22,8 @@ class TraceError(ValueError):
 
 def highlight(text: str, golds: list[str]) -> str:
     """Rich markup of text with every (case-insensitive) occurrence of a gold answer in reverse video."""
-    golds = sorted({g for g in golds if g.strip()}, key=len, reverse=True)
-    if not golds:
-        return escape(text)
-    pattern = re.compile("|".join(re.escape(g) for g in golds), re.IGNORECASE)
-    out, last = [], 0
-    for m in pattern.finditer(text):
-        out.append(escape(text[last : m.start()]))
-        out.append(f"[bold reverse green]{escape(m.group(0))}[/]")
-        last = m.end()
-    out.append(escape(text[last:]))
-    return "".join(out)
+    return "".join(f"[bold reverse green]{escape(piece)}[/]" if gold else escape(piece)
+                   for piece, gold in gold_spans(text, golds))
 
 
 def _cut(text: str, n: int) -> str:

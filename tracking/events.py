@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ragledger.crash import crashpoint
+from ragledger.processes import pid_alive
 from schemas.records import RECORD_MODELS, SCHEMA_VERSION, columns_of, validate_records
 
 CHECKSUM_KEY = b"ragledger.checksum"
@@ -69,16 +70,6 @@ def _parquet_roundtrip_checksum(table: pa.Table) -> str:
     buf = pa.BufferOutputStream()
     pq.write_table(table, buf, compression="zstd")
     return _table_checksum(pq.read_table(pa.BufferReader(buf.getvalue())))
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @dataclass(frozen=True)
@@ -142,7 +133,7 @@ class EventStore:
             return 0
         for tmp in self.root.rglob(".tmp-*"):
             m = re.match(r"\.tmp-(\d+)-", tmp.name)
-            if m and not _pid_alive(int(m.group(1))):
+            if m and not pid_alive(int(m.group(1))):
                 tmp.unlink(missing_ok=True)
                 removed += 1
         return removed

@@ -94,14 +94,14 @@ class MlflowLogger:
         """Runs left RUNNING by a killed process on this host are marked KILLED (their pid is gone)."""
         import socket
 
-        from tracking.events import _pid_alive
+        from ragledger.processes import pid_alive
 
         closed = 0
         host = socket.gethostname()
         for run in self.client.search_runs([self.experiment_id], filter_string="attributes.status = 'RUNNING'", max_results=1000):
             tags = run.data.tags
             pid = tags.get("ragledger.pid", "")
-            if tags.get("ragledger.host") == host and pid.isdigit() and not _pid_alive(int(pid)):
+            if tags.get("ragledger.host") == host and pid.isdigit() and not pid_alive(int(pid)):
                 self.client.set_terminated(run.info.run_id, "KILLED")
                 closed += 1
         return closed

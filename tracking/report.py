@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from ragledger.answers import gold_spans
+
 if TYPE_CHECKING:
     from flows.analyze import AnalysisResult
 
@@ -106,17 +108,7 @@ def _plots(pngs: dict[str, bytes]) -> str:
 
 def highlight_html(text: str, golds: list[str]) -> str:
     """HTML-escaped text with every case-insensitive occurrence of a gold answer wrapped in <mark class=gold>."""
-    golds = sorted({g for g in golds if g.strip()}, key=len, reverse=True)
-    if not golds:
-        return _e(text)
-    pattern = re.compile("|".join(re.escape(g) for g in golds), re.IGNORECASE)
-    out, last = [], 0
-    for m in pattern.finditer(text):
-        out.append(_e(text[last : m.start()]))
-        out.append(f'<mark class="gold">{_e(m.group(0))}</mark>')
-        last = m.end()
-    out.append(_e(text[last:]))
-    return "".join(out)
+    return "".join(f'<mark class="gold">{_e(piece)}</mark>' if gold else _e(piece) for piece, gold in gold_spans(text, golds))
 
 
 def _cut(text: str, n: int) -> str:
