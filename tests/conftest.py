@@ -29,3 +29,15 @@ def prefect_harness(tmp_path_factory):
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_mlflow_uri():
+    """mlflow.set_tracking_uri (used by tests to read runs back) also sets MLFLOW_TRACKING_URI in os.environ;
+    without this, a later test's CLI subprocesses would log to an earlier test's MLflow store."""
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    yield
+    if before is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = before

@@ -64,11 +64,12 @@ def flatten(prefix: str, value: Any, out: dict[str, str]) -> None:
 
 class MlflowLogger:
     def __init__(self, tracking_uri: str, experiment_name: str):
-        import mlflow
         from mlflow import MlflowClient
 
         self.tracking_uri = tracking_uri
-        mlflow.set_tracking_uri(tracking_uri)
+        # a client bound to this URI, never mlflow.set_tracking_uri: that also sets MLFLOW_TRACKING_URI in
+        # os.environ, so every later run of a long-lived process (a schedule server) and every process it
+        # starts would log to this run's store instead of its own
         self.client = MlflowClient(tracking_uri=tracking_uri)
         exp = self.client.get_experiment_by_name(experiment_name)
         if exp is None:
