@@ -144,19 +144,25 @@ def test_changing_only_the_vote_reruns_no_generation(workspace, prefect_harness,
         assert again["tasks_total"] - again["tasks_from_cache"] == 2 * 3 * 2
 
 
+FAULT_SEED = 4  # a seed whose draws include every fault kind at these rates (the draws follow request order)
+
+
 def test_faulty_backend_gives_same_results(workspace, prefect_harness):
+    # Post-Fusion with 6 samples per passage: enough calls (40 distinct) that every fault kind below is injected
+    readers = ("concatenation", {"name": "post_fusion", "samples": 6})
     with ScriptedServer(answer=answer_from_context) as clean:
-        baseline = run_flow(make_spec(workspace, clean.base_url))
+        baseline = run_flow(make_spec(workspace, clean.base_url, readers=readers))
     # the rates: 20% HTTP 500, 5% 429 with Retry-After, 5% hangs past the client timeout, 2% malformed
     # bodies, 2% empty completions
-    faults = Faults(http_500=0.2, http_429=0.05, hang=0.05, hang_s=4.0, malformed=0.02, empty=0.02, seed=3)
+    faults = Faults(http_500=0.2, http_429=0.05, hang=0.05, hang_s=4.0, malformed=0.02, empty=0.02, seed=FAULT_SEED)
     ws2 = workspace / "faulty"
     ws2.mkdir()
     for f in ("corpus.jsonl", "questions.jsonl"):
         (ws2 / f).write_text((workspace / f).read_text())
     with ScriptedServer(answer=answer_from_context, faults=faults) as flaky:
-        spec = make_spec(ws2, flaky.base_url, max_retries=20, timeout_s=1.0)
+        spec = make_spec(ws2, flaky.base_url, readers=readers, max_retries=20, timeout_s=1.0)
         result = run_flow(spec)
     assert result["cells"] == baseline["cells"]
     assert result["retries"] == sum(flaky.faults_injected.values()) > 0
-    print(f"faults injected: {flaky.faults_injected}; retries recorded: {result['retries']}")
+    assert set(flaky.faults_injected) == {"http_500", "http_429", "hang", "malformed", "empty"}, flaky.faults_injected
+    print(f"calls {result['llm_calls']}; faults injected: {flaky.faults_injected}; retries recorded: {result['retries']}")
