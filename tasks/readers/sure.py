@@ -175,9 +175,17 @@ register_parser("true_false", _parse_true_false)
 register_parser("passage_choice", _parse_passage_choice)
 
 
-def _candidates(history: list[Generation]) -> list[str]:
+def candidates_from(history: list[Generation]) -> list[str]:
+    """The candidates of a question's round-1 (`candidates`) generation; [] if there is none."""
     g = next((g for g in history if g.role == "candidates"), None)
     return parse_candidates(g.output) if g is not None else []
+
+
+def candidates_call(item: ReaderInput) -> Call:
+    """SuRe's round 1 (Listing 1): K candidate answers from the passages. sure_mcq makes the same call, so
+    the LLM-call cache serves it once to both."""
+    prompt = fill(CANDIDATES_USER, n=str(len(item.passages)), passages=passages_block(item.passages), question=item.question)
+    return Call("candidates", SYSTEM, prompt, tuple(p.pid for p in item.passages), parser="sure_candidates")
 
 
 class SuRe(Reader):
@@ -189,9 +197,8 @@ class SuRe(Reader):
         pids = tuple(p.pid for p in item.passages)
         q = item.question
         if round_no == 1:
-            prompt = fill(CANDIDATES_USER, n=str(len(item.passages)), passages=passages_block(item.passages), question=q)
-            return [Call("candidates", SYSTEM, prompt, pids, parser="sure_candidates")]
-        cands = _candidates(history)
+            return [candidates_call(item)]
+        cands = candidates_from(history)
         if len(cands) < K:
             return []
         if round_no == 2:
@@ -216,7 +223,7 @@ class SuRe(Reader):
         return calls
 
     def decide(self, item: ReaderInput, history: list[Generation], settings: ReaderSettings | None = None) -> Decision:
-        cands = _candidates(history)
+        cands = candidates_from(history)
         if not cands:
             return Decision("sure-unparseable", (), (), "unknown")
         validity = [g for g in history if g.role == "validity"]

@@ -22,15 +22,15 @@ import re
 from ragledger.answers import normalize_answer
 from tasks.readers.base import Call, Decision, Generation, Reader, ReaderInput, ReaderSettings, clean_answer, fill
 from tasks.readers.sure import (
-    CANDIDATES_USER,
     LABEL_MAX_TOKENS,
     SUMMARY_MAX_TOKENS,
     SYSTEM,
     K,
+    candidates_call,
+    candidates_from,
     passages_block,
 )
 from tasks.readers.sure import PROMPT_VERSION as SURE_VERSION
-from tasks.readers.sure import _candidates as sure_candidates
 
 PROMPT_VERSION = f"{SURE_VERSION}+004-listings6-7-v1"
 
@@ -125,16 +125,15 @@ class SuReMCQ(Reader):
     def plan(self, round_no: int, item: ReaderInput, history: list[Generation], settings: ReaderSettings) -> list[Call]:
         pids = tuple(p.pid for p in item.passages)
         if round_no == 1:  # exactly SuRe's round-1 call (shared through the LLM-call cache)
-            prompt = fill(CANDIDATES_USER, n=str(len(item.passages)), passages=passages_block(item.passages), question=item.question)
-            return [Call("candidates", SYSTEM, prompt, pids, parser="sure_candidates")]
-        cands = sure_candidates(history)
+            return [candidates_call(item)]
+        cands = candidates_from(history)
         if len(cands) < K:
             return []
         prompt = fill(MCQ_USER, passages=passages_block(item.passages), question=item.question, choices=choices_text(cands)).lstrip()
         return [Call("choice", SYSTEM, prompt, pids, max_tokens=MCQ_MAX_TOKENS)]
 
     def decide(self, item: ReaderInput, history: list[Generation], settings: ReaderSettings | None = None) -> Decision:
-        cands = sure_candidates(history)
+        cands = candidates_from(history)
         if not cands:
             return Decision("mcq-unparseable", (), (), "unknown")
         g = next((g for g in history if g.role == "choice"), None)
