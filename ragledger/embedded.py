@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 
 from ragledger.models import ensure_model
+from ragledger.processes import stop_child
 
 
 class EmbeddedServerError(RuntimeError):
@@ -84,9 +85,4 @@ def embedded_server(
                 time.sleep(0.5)
             yield base_url
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_child(proc, grace_s=15)

@@ -21,7 +21,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from ragledger.processes import pid_alive
+from ragledger.processes import pid_alive, stop_process_group
 
 
 class MlflowServerError(RuntimeError):
@@ -143,13 +143,7 @@ def stop() -> bool:
     except (OSError, ValueError, KeyError):
         return False
     if pid_alive(pid):
-        os.killpg(pid, signal.SIGTERM)
-        for _ in range(60):
-            if not pid_alive(pid):
-                break
-            time.sleep(0.25)
-        else:
-            os.killpg(pid, signal.SIGKILL)
+        stop_process_group(pid, grace_s=15)
     path.unlink(missing_ok=True)
     return True
 

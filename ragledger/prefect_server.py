@@ -30,7 +30,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from ragledger.processes import pid_alive
+from ragledger.processes import pid_alive, stop_child, stop_process_group
 
 STARTUP_TIMEOUT_S = float(os.environ.get("RAGLEDGER_PREFECT_STARTUP_TIMEOUT", "300"))
 
@@ -129,15 +129,7 @@ def stop_persistent_server() -> bool:
     pid = int(state.get("pid", 0))
     stopped = False
     if pid and pid_alive(pid):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGTERM)
-        for _ in range(80):
-            if not pid_alive(pid):
-                break
-            time.sleep(0.25)
-        else:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
+        stop_process_group(pid, grace_s=20)
         stopped = True
     _state_file().unlink(missing_ok=True)
     return stopped
@@ -168,12 +160,7 @@ def temporary_server() -> Iterator[str]:
         yield api_url
     finally:
         if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_child(proc, grace_s=10)
 
 
 @contextlib.contextmanager

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import subprocess
+import time
 
 
 def pid_alive(pid: int) -> bool:
@@ -14,3 +18,27 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def stop_child(proc: subprocess.Popen, grace_s: float) -> None:
+    """SIGTERM a child this process started; SIGKILL it if it has not exited after grace_s seconds."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def stop_process_group(pid: int, grace_s: float) -> None:
+    """SIGTERM the process group led by pid (a server started in its own session); SIGKILL the group if its
+    leader is still alive after grace_s seconds. A group that is already gone is not an error."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while pid_alive(pid):
+        if time.monotonic() > deadline:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            return
+        time.sleep(0.25)
