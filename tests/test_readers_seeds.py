@@ -87,6 +87,9 @@ def test_pf_concat_drops_unknown_passages_and_passes_candidates():
     ("(a) unknown (b) Paris", ["Paris"]),
     ("(2000)", ["2000"]),  # seen from the 0.5B model
     ("(Percy Shelley)", ["Percy Shelley"]),
+    ("(1) Charles Michel de Langlade", ["Charles Michel de Langlade"]),  # seen from the 0.5B model
+    ("(1) 3.4%, (2) 4.5%", ["3.4%", "4.5%"]),
+    ("Response: (b) 000", ["000"]),
     ("Sorry, I cannot determine the answer from the passages.", []),
 ])  # fmt: skip
 def test_sure_candidate_parser_is_robust(output, expected):

@@ -30,7 +30,7 @@ from tasks.readers.base import (
     register_parser,
 )
 
-PROMPT_VERSION = "004-listings1-5-v2"  # v2: candidate parser unwraps "(xx)"
+PROMPT_VERSION = "004-listings1-5-v3"  # v2: candidate parser unwraps "(xx)"; v3: reads "(1) xx" labels
 K = 2
 
 CANDIDATES_USER = """Below are {n} passages related to the question at the end. After reading the passages, provide two correct candidates for the answer to the question at the end. Each answer should be in the form: (a) xx, (b) yy, and should not exceed 3 words for each candidate.
@@ -102,7 +102,8 @@ def passages_block(passages: tuple[Passage, ...]) -> str:
 
 # ---- parsers: never raise; anything unexpected is 'unparseable' -----------------------------------
 
-_MARK = re.compile(r"(?:^|[\s,;(\[])\(?([a-eA-E])\)\s*")
+# "(a)", "a)", and numbered "(1)" (digits only in brackets: "2)" may end a number); the 0.5B model writes "(1) xx"
+_MARK = re.compile(r"(?:^|[\s,;(\[])(?:\(?([a-eA-E])\)|\(([1-5])\))\s*")
 _LINE_MARK = re.compile(r"(?m)^\s*(?:[-*•]|\(?[a-eA-E1-5][).:])\s*")
 
 
