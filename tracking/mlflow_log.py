@@ -7,12 +7,15 @@ record segments are artifacts under `records/<kind>/`.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import math
 import os
 import re
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +65,23 @@ def flatten(prefix: str, value: Any, out: dict[str, str]) -> None:
         out[prefix] = str(value)[:6000]
 
 
+@contextlib.contextmanager
+def _sqlite_init_lock(tracking_uri: str) -> Iterator[None]:
+    """Hold an exclusive lock beside a SQLite store while this process first opens it.
+
+    MLflow creates and migrates the schema on a store's first use; four runs starting at once on a new
+    store ran the migrations concurrently and one failed (AttributeError: dimension_attributes). Server
+    stores (postgresql, http) migrate once on their side and need no lock."""
+    if not tracking_uri.startswith("sqlite:///"):
+        yield
+        return
+    db = Path(tracking_uri.removeprefix("sqlite:///"))
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(db.name + ".init.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 class MlflowLogger:
     def __init__(self, tracking_uri: str, experiment_name: str):
         from mlflow import MlflowClient
@@ -70,7 +90,12 @@ class MlflowLogger:
         # a client bound to this URI, never mlflow.set_tracking_uri: that also sets MLFLOW_TRACKING_URI in
         # os.environ, so every later run of a long-lived process (a schedule server) and every process it
         # starts would log to this run's store instead of its own
-        self.client = MlflowClient(tracking_uri=tracking_uri)
+        with _sqlite_init_lock(tracking_uri):
+            self.client = MlflowClient(tracking_uri=tracking_uri)
+            self._open_experiment(experiment_name)
+
+    def _open_experiment(self, experiment_name: str) -> None:
+        tracking_uri = self.tracking_uri
         exp = self.client.get_experiment_by_name(experiment_name)
         if exp is None:
             artifact_location = None
