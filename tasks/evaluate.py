@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from ragledger.answers import contains_token_sequence, em_score, f1_score, has_answer, is_unknown
+from ragledger.answers import contains_token_sequence, em_score, f1_score, has_answer, is_unknown, normalized_context
 from tasks.context import StageResult, cell_name, read_questions, spec_from, stage_task, store_from
 from tasks.readers import get_reader
 from tasks.retrieve import passages_by_question
@@ -66,7 +66,7 @@ def outcome_rows(
     rows = []
     for i, v in enumerate(votes.itertuples()):
         golds = answers[v.qid]
-        context = contexts.get(v.qid, "")
+        context = normalized_context(contexts.get(v.qid, ""))  # once for both checks below
         pred = v.chosen
         em = em_score(pred, golds)
         unknown = is_unknown(pred)

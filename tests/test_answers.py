@@ -70,3 +70,16 @@ def test_token_subsequence_search_equals_the_token_list_definition():
         haystack = " ".join(rng.choice(words) for _ in range(rng.randint(0, 8)))
         needle = " ".join(rng.choice(words) for _ in range(rng.randint(0, 3)))
         assert contains_token_sequence(haystack, needle) == by_definition(haystack, needle), (haystack, needle)
+
+
+def test_a_context_normalized_once_gives_the_same_checks_as_the_raw_text():
+    from ragledger.answers import contains_token_sequence, has_answer, normalized_context
+
+    context = "The Broncos beat the Panthers 24–10 in Super Bowl 50, at Levi's Stadium (Santa Clara)."
+    once = normalized_context(context)
+    assert normalized_context(once) is once  # not normalized twice
+    for golds in (["Denver Broncos", "Broncos"], ["Levi's Stadium"], ["Panthers 24"], ["Carolina"], ["the"]):
+        assert has_answer(once, golds) == has_answer(context, golds), golds
+    for needle in ("levis stadium", "Santa Clara", "Super Bowl 51", "beat the Panthers", ""):
+        assert contains_token_sequence(once, needle) == contains_token_sequence(context, needle), needle
+    assert has_answer(once, ["levi's stadium"]) and not has_answer(once, ["Carolina"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,6 +46,9 @@ def reader_text(title: str, text: str) -> str:
     return f"{title}: {text}" if title else text
 
 
+_build_lock = threading.Lock()
+
+
 @dataclass
 class Corpus:
     passages: pd.DataFrame  # pid, title, text
@@ -57,15 +61,21 @@ class Corpus:
         return cls(df, h)
 
     def lookup(self) -> dict[str, tuple[str, str]]:
-        if not hasattr(self, "_lookup"):
-            pairs = zip(self.passages["title"], self.passages["text"], strict=True)
-            self._lookup = dict(zip(self.passages["pid"], pairs, strict=True))
+        # built once per process under a lock: every retrieval shard task asks for it at the same moment, and
+        # column .tolist() rather than iterating Arrow-backed columns element by element (measured: half a
+        # second per build for the 20,963 SQuAD paragraphs, paid by each of the shard threads)
+        with _build_lock:
+            if not hasattr(self, "_lookup"):
+                pairs = zip(self.passages["title"].tolist(), self.passages["text"].tolist(), strict=True)
+                self._lookup = dict(zip(self.passages["pid"].tolist(), pairs, strict=True))
         return self._lookup
 
     def reader_texts(self) -> dict[str, tuple[str, str]]:
         """pid -> (title, text as the reader sees it), built once: hot in every retriever's result loop."""
-        if not hasattr(self, "_reader"):
-            self._reader = {pid: (title, reader_text(title, text)) for pid, (title, text) in self.lookup().items()}
+        lookup = self.lookup()
+        with _build_lock:
+            if not hasattr(self, "_reader"):
+                self._reader = {pid: (title, reader_text(title, text)) for pid, (title, text) in lookup.items()}
         return self._reader
 
     def hit(self, pid: str, score: float | None) -> Hit:
