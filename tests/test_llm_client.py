@@ -124,3 +124,47 @@ def test_identical_requests_in_flight_make_one_model_call(tmp_path):
         errors = run_on_engine(failing())
         assert all(isinstance(e, BackendError) for e in errors) and len(down.faults_injected) == 1
         assert down.faults_injected["http_500"] == 2  # one request and its one retry, not three
+
+
+def test_logprob_calls_go_to_the_logprobs_endpoint_under_one_concurrency_bound():
+    """The embedded backend runs a second server (logits_all) for log-probability calls only; both servers
+    share one CPU, so the client keeps one concurrency bound across them."""
+    import asyncio
+    import threading
+    import time
+
+    lock, in_flight, most = threading.Lock(), [0], [0]
+
+    def answering(text):
+        def answer(system, prompt, body):  # runs in the server's thread; blocking holds this request open
+            with lock:
+                in_flight[0] += 1
+                most[0] = max(most[0], in_flight[0])
+            time.sleep(0.1)
+            with lock:
+                in_flight[0] -= 1
+            return text
+        return answer
+
+    with ScriptedServer(answer=answering("plain")) as main, \
+            ScriptedServer(answer=answering("with logprobs"), logprob=-0.1) as lp:
+        c = client(main, logprobs_base_url=lp.base_url, concurrency=1)
+
+        async def mixed():
+            prompts = [("q1", False), ("q2", True), ("q3", False), ("q4", True)]
+            return await asyncio.gather(*(c.complete(req(p, logprobs=lp_)) for p, lp_ in prompts))
+
+        r1, r2, r3, r4 = run_on_engine(mixed())
+        assert (r1.text, r2.text, r3.text, r4.text) == ("plain", "with logprobs", "plain", "with logprobs")
+        assert r2.mean_logprob == pytest.approx(-0.1) and r1.mean_logprob is None
+        assert main.calls == 2 and lp.calls == 2
+        assert not any(r.get("logprobs") for r in main.requests) and all(r["logprobs"] for r in lp.requests)
+        assert most[0] == 1  # never a call on both servers at once: the bound is shared, not per server
+
+
+def test_worker_processes_share_the_concurrency_bound(monkeypatch):
+    from tasks.context import PROCESSES_ENV, process_concurrency
+
+    assert process_concurrency(64) == 64
+    monkeypatch.setenv(PROCESSES_ENV, "2")
+    assert (process_concurrency(64), process_concurrency(3), process_concurrency(1)) == (32, 1, 1)
