@@ -17,11 +17,9 @@ Prefect's 20 s default.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -30,7 +28,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from ragledger.processes import pid_alive, stop_child, stop_process_group
+from ragledger.processes import die_with_parent, pid_alive, stop_child, stop_process_group
 
 STARTUP_TIMEOUT_S = float(os.environ.get("RAGLEDGER_PREFECT_STARTUP_TIMEOUT", "300"))
 
@@ -59,11 +57,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _wait_healthy(api_url: str, proc: subprocess.Popen, log: Path | None) -> None:
@@ -155,7 +148,7 @@ def temporary_server() -> Iterator[str]:
         with open(home / "ragledger-startup.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             proc = subprocess.Popen(args, env=_server_env(ephemeral=True), stdin=subprocess.DEVNULL,
-                                    preexec_fn=_die_with_parent)  # only prctl runs before exec: no locks taken
+                                    preexec_fn=die_with_parent)  # only prctl runs before exec: no locks taken
             _wait_healthy(api_url, proc, None)
         yield api_url
     finally:
