@@ -91,17 +91,29 @@ def backend_identity(spec: ExperimentSpec, base_url: str) -> str:
     return f"openai-compatible:{base_url}"
 
 
-def llm_client_for(spec: ExperimentSpec, base_url: str, store_root: str) -> LLMClient:
+def llm_client_for(spec: ExperimentSpec, base_url: str, store_root: str, logprobs_base_url: str | None = None) -> LLMClient:
     return LLMClient(
         base_url=base_url,
+        logprobs_base_url=logprobs_base_url,
         model=spec.model.embedded_model if spec.model.backend == "embedded" else spec.model.name,
         backend_identity=backend_identity(spec, base_url),
         cache=_llm_cache(str(Path(store_root).resolve() / "llm_cache.sqlite")),
         api_key=api_key_from_env(spec.model.api_key_env) if spec.model.backend == "openai" else "not-needed",
-        concurrency=spec.model.concurrency,
+        concurrency=process_concurrency(spec.model.concurrency),
         timeout_s=spec.model.timeout_s,
         max_retries=spec.model.max_retries,
     )
+
+
+# Set in the worker processes of a local Dask cluster (flows.experiment.task_runner_for): how many processes
+# share one endpoint, so that model.concurrency stays the bound on requests in flight for the whole run.
+PROCESSES_ENV = "RAGLEDGER_ENDPOINT_PROCESSES"
+
+
+def process_concurrency(concurrency: int) -> int:
+    """This process's share of model.concurrency (each process has its own bound; see LLMClient)."""
+    processes = max(1, int(os.environ.get(PROCESSES_ENV) or 1))
+    return max(1, concurrency // processes)
 
 
 @functools.lru_cache(maxsize=8)

@@ -150,6 +150,7 @@ def run_generate_round(
     previous_segments: list[str | None],
     stage_key: str,
     run_token: str,
+    logprobs_base_url: str | None = None,
 ) -> StageResult:
     spec = spec_from(spec_dict)
     store: EventStore = store_from(store_root)
@@ -164,7 +165,7 @@ def run_generate_round(
     for item in reader_inputs(questions, retrievals):
         for i, call in enumerate(reader.plan(round_no, item, history.get(item.qid, []), settings)):
             planned.append((item.qid, i, call, to_request(call, spec)))
-    client = llm_client_for(spec, base_url, store_root)
+    client = llm_client_for(spec, base_url, store_root, logprobs_base_url)
 
     async def run_all() -> list[LLMResponse]:
         # report progress per finished call so a long shard shows movement

@@ -30,18 +30,22 @@ def test_dask_runner_gives_the_default_runners_outcomes(tmp_path):
     for ws in (thread_ws, dask_ws):
         ws.mkdir()
         make_data(ws, 16)
-    with ScriptedServer(answer=reader, delay_s=0.01) as server:
-        summaries = {}
-        for ws, extra in ((thread_ws, []), (dask_ws, ["--runner", "dask", "--workers", "2"])):
+    summaries, most_in_flight = {}, {}
+    for ws, extra in ((thread_ws, []), (dask_ws, ["--runner", "dask", "--workers", "2"])):
+        with ScriptedServer(answer=reader, delay_s=0.05) as server:
             proc = cli(ws, "run", str(write_spec(ws, server.base_url)), "--json", str(ws / "summary.json"), *extra)
             assert proc.returncode == 0, proc.stderr[-3000:]
             summaries[ws.name] = json.loads((ws / "summary.json").read_text())
+            most_in_flight[ws.name] = server.max_in_flight
     thread_rows, dask_rows = outcome_table(thread_ws), outcome_table(dask_ws)
     assert len(thread_rows) == 2 * 16
     assert table_hash(dask_rows) == table_hash(thread_rows)
     # the Dask run really ran its stage tasks in the two worker processes, the default run in its own process
     assert summaries["thread"]["task_processes"] == 1
     assert summaries["dask"]["task_processes"] == 2
+    # model.concurrency (2) bounds the whole run's requests in flight, not each worker process's
+    # (without the per-worker share the two workers held up to 4)
+    assert most_in_flight["thread"] == 2 and 1 <= most_in_flight["dask"] <= 2, most_in_flight
     print(f"outcome table hash, thread runner == dask runner (2 workers): {table_hash(thread_rows)[:16]}")
 
 

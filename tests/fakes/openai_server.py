@@ -46,9 +46,11 @@ class ScriptedServer:
     logprob_fn: Callable[[str, str, str], float | None] | None = None
     requests: list[dict] = field(default_factory=list)
     faults_injected: dict[str, int] = field(default_factory=dict)
+    max_in_flight: int = 0  # the most requests the server held at once (client-side concurrency bounds)
 
     def __post_init__(self) -> None:
         self._rng = random.Random(self.faults.seed)
+        self._in_flight = 0
         self._lock = threading.Lock()
         self.port = _free_port()
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
@@ -90,6 +92,14 @@ class ScriptedServer:
         return JSONResponse({"object": "list", "data": [{"id": "scripted", "object": "model"}]})
 
     async def _chat(self, request: Request) -> Response:
+        self._in_flight += 1  # one event loop: no lock needed
+        self.max_in_flight = max(self.max_in_flight, self._in_flight)
+        try:
+            return await self._answer(request)
+        finally:
+            self._in_flight -= 1
+
+    async def _answer(self, request: Request) -> Response:
         body = await request.json()
         fault = self._pick_fault()
         if fault == "http_500":
