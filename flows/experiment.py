@@ -21,6 +21,7 @@ from prefect import flow, task
 from prefect.results import get_result_store
 from prefect.runtime import flow_run
 
+from flows.endpoint import close_on_error, model_endpoint
 from ragledger import progress
 from ragledger.datasets import load_questions, sample_questions
 from schemas.spec import ExperimentSpec
@@ -220,26 +221,23 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
                     counters[k] += r.counters.get(k, 0)
 
     # the model endpoint: started at most once, and only when a task that calls the model must run
-    # (compress/parametric retrievers call it during retrieval, readers during generation)
+    # (compress/parametric retrievers call it during retrieval, readers during generation); closed after
+    # generation or on an error before it (an enclosing sweep's shared endpoint stays up: the sweep closes it)
     model_key = stable_hash(model_identity(spec))
-    result_store = get_result_store()
+    # look up stage results as the tasks themselves do: the flow's own result store never finds them (Prefect
+    # 3.8 gives a flow's store a null metadata store, so its exists() is always False)
+    task_results = get_result_store().update_for_task(generate_round_task)
+
+    def reusable(key: str) -> bool:
+        """A persisted stage result whose segment is still in the store: that task will not run (a vanished
+        segment makes _checked re-run it, and it may need the model)."""
+        try:
+            return task_results.read(key).result.segment_exists()
+        except Exception:  # nothing persisted under this key (or unreadable): the task runs
+            return False
+
     endpoint_stack = contextlib.ExitStack()
-    endpoint: dict[str, str] = {}  # the started endpoint, once started
-
-    def endpoint_url() -> str:
-        if base_url is not None:
-            return base_url
-        if "url" not in endpoint:
-            if spec.model.backend == "embedded":
-                from ragledger.embedded import embedded_server
-
-                # log-probabilities cost the embedded server ~2x time and memory: only when a reader needs them
-                logprobs = any(get_reader(e.name).needs_logprobs for e in entries.values())
-                server = embedded_server(spec.model.embedded_model, spec.model.context_window, logits_all=logprobs)
-                endpoint["url"] = endpoint_stack.enter_context(server)
-            else:
-                endpoint["url"] = spec.model.base_url or ""
-        return endpoint["url"]
+    endpoint = endpoint_stack.enter_context(model_endpoint(spec, base_url))
 
     # 0. seed 001's closed-book filter: one task per shard of the sampled questions; the rest run on what is left
     closed_book_dropped: int | None = None
@@ -253,17 +251,17 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
             key = stable_hash("closed-book-filter", FLOW_VERSION, dataset_key, FILTER_VERSION, Concatenation.prompt_version,
                               model_key, stable_hash("shard", s, length=12))
             try:
-                url = endpoint_url() if not result_store.exists(key) else (base_url or spec.model.base_url or "")
-            except BaseException:
-                endpoint_stack.close()
+                url = endpoint.known_url() if reusable(key) else endpoint.url()
+            except BaseException as exc:
+                close_on_error(endpoint_stack, exc)
                 raise
             filter_params.append(dict(spec_dict=spec_dict, store_root=store_root, questions_segment=q_segment, base_url=url,
                                       qids=s, stage_key=key, run_token=run_token))
         try:
             filtered = _checked(closed_book_filter_task, [closed_book_filter_task.submit(**p) for p in filter_params],
                                 filter_params)
-        except BaseException:
-            endpoint_stack.close()
+        except BaseException as exc:
+            close_on_error(endpoint_stack, exc)
             raise
         account(filtered)
         filter_segments = [r.segment for r in filtered if r.segment]
@@ -282,8 +280,8 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
         for sid, s in zip(shard_ids, shards, strict=True):
             key = stable_hash("retrieve", FLOW_VERSION, dataset_key, corpus_hash, r, code, sid, str(Path(store_root).resolve()),
                               *([model_key] if retriever.needs_llm else []))
-            must_call = retriever.needs_llm and not result_store.exists(key)
-            url = endpoint_url() if must_call else (base_url or spec.model.base_url or "")
+            must_call = retriever.needs_llm and not reusable(key)
+            url = endpoint.url() if must_call else endpoint.known_url()
             retrieve_params[(r, sid)] = dict(spec_dict=spec_dict, store_root=store_root, questions_segment=q_segment,
                                             retriever_name=r, qids=s, stage_key=key, run_token=run_token, base_url=url)
     stage_started = time.perf_counter()
@@ -301,8 +299,8 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
         futures = {k: retrieve_task.submit(**p) for k, p in retrieve_params.items()}
         checked = _checked(retrieve_task, list(futures.values()), list(retrieve_params.values()))
         retrieved = dict(zip(futures, checked, strict=True))
-    except BaseException:
-        endpoint_stack.close()
+    except BaseException as exc:
+        close_on_error(endpoint_stack, exc)
         raise
     account(list(retrieved.values()))
     progress.advance("retrieve", len(retrieved))
@@ -320,10 +318,10 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
                 version = reader.version_for(settings_for(entry))  # the template version under this entry's settings
                 upstream = stable_hash("generate", upstream, c.strategy, version, model_key, rnd, *settings)
                 gen_keys[(c.name, sid, rnd)] = upstream
-    must_generate = not all(result_store.exists(k) for k in gen_keys.values())
+    must_generate = not all(reusable(k) for k in gen_keys.values())
     generations: dict[tuple[str, str], list[StageResult]] = {(c.name, sid): [] for c in cells for sid in shard_ids}
     with endpoint_stack:
-        url = endpoint_url() if must_generate else (base_url or endpoint.get("url"))
+        url = endpoint.url() if must_generate else endpoint.known_url()
         progress.set_total("generate", len(gen_keys))
         for rnd in range(1, max(c.rounds for c in cells) + 1):
             params_list, keys = [], []
@@ -333,10 +331,11 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
                 for sid, s in zip(shard_ids, shards, strict=True):
                     params_list.append(dict(
                         spec_dict=spec_dict, store_root=store_root, questions_segment=q_segment,
-                        base_url=url or spec.model.base_url or "", retriever_name=c.retriever, strategy=c.strategy,
+                        base_url=url, retriever_name=c.retriever, strategy=c.strategy,
                         round_no=rnd, qids=s, retrieval_segments=[retrieved[(c.retriever, sid)].segment],
                         previous_segments=[g.segment for g in generations[(c.name, sid)]],
                         stage_key=gen_keys[(c.name, sid, rnd)], run_token=run_token,
+                        logprobs_base_url=endpoint.logprobs_url(),
                     ))  # fmt: skip
                     keys.append((c.name, sid))
             futs = [generate_round_task.submit(**p) for p in params_list]
@@ -442,9 +441,13 @@ def task_runner_for(runner: str, workers: int, scheduler_address: str | None = N
 
     if scheduler_address:
         return DaskTaskRunner(address=scheduler_address)
-    # processes: retrieval (JVM, FAISS) and parsing are CPU work; a few threads each for model-call waits
+    from tasks.context import PROCESSES_ENV
+
+    # processes: retrieval (JVM, FAISS) and parsing are CPU work; a few threads each for model-call waits. Each
+    # worker bounds its own model calls, so it gets 1/workers of model.concurrency (the whole run's bound);
+    # workers of an existing scheduler need RAGLEDGER_ENDPOINT_PROCESSES set by whoever starts them
     return DaskTaskRunner(cluster_kwargs={"n_workers": workers, "threads_per_worker": 4, "processes": True,
-                                          "dashboard_address": None})
+                                          "dashboard_address": None, "env": {PROCESSES_ENV: str(workers)}})
 
 
 def run_experiment(spec_dict: dict, store_root: str, base_url: str | None = None, tracking_uri: str | None = None,
@@ -460,6 +463,9 @@ def run_experiment(spec_dict: dict, store_root: str, base_url: str | None = None
 @flow(name="ragledger-scheduled", version=FLOW_VERSION)
 def scheduled_experiment(spec_dict: dict, store_root: str, tracking_uri: str, runner: str | None = None,
                          workers: int | None = None) -> dict:
-    """What a `ragledger schedule` deployment runs: the experiment as a subflow, on the runner asked for
-    (a deployment re-imports its flow by entrypoint, so the task runner is chosen here, at run time)."""
-    return run_experiment(spec_dict, store_root, tracking_uri=tracking_uri, runner=runner, workers=workers)
+    """What a `ragledger schedule` deployment runs: the experiment (or, for a list of datasets, the sweep) as a
+    subflow, on the runner asked for (a deployment re-imports its flow by entrypoint, so the task runner is
+    chosen here, at run time)."""
+    from flows.sweep import run_spec  # flows.sweep imports this module
+
+    return run_spec(spec_dict, store_root, tracking_uri=tracking_uri, runner=runner, workers=workers)

@@ -9,11 +9,14 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from schemas.spec import AnySpec
 
 app = typer.Typer(
     name="ragledger",
@@ -57,11 +60,20 @@ def _fail(message: str, code: int = 2) -> None:
 
 @contextlib.contextmanager
 def _stage_progress() -> Iterator[None]:
-    """Rich progress bars fed by ragledger.progress (one bar per stage, created on its first report)."""
+    """Rich progress bars fed by ragledger.progress (one bar per stage, created on its first report); plain
+    progress lines every 30 s when the output is not a terminal (a long run logged to a file)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ragledger import progress as prog
 
+    if not console.is_terminal:
+        plain = prog.PlainProgress(lambda line: console.print(line, highlight=False, markup=False))
+        prog.set_listener(plain.advance, plain.total)
+        try:
+            yield
+        finally:
+            prog.set_listener(None)
+        return
     with Progress(TextColumn("{task.description:>16}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as bars:
         ids: dict[str, int] = {}
@@ -69,7 +81,7 @@ def _stage_progress() -> Iterator[None]:
         def total(stage: str, n: int) -> None:
             if stage not in ids:
                 ids[stage] = bars.add_task(stage, total=n)
-            bars.update(ids[stage], total=n)
+            bars.reset(ids[stage], total=n)  # a stage's total is set once per experiment: each of a sweep restarts it
 
         def advance(stage: str, n: int) -> None:
             if stage not in ids:
@@ -90,18 +102,22 @@ def _fmt(v: object) -> str:
     return str(v)
 
 
-def preflight(spec) -> None:
-    """Check every input before anything is written or any model is called."""
-    from ragledger.datasets import load_questions
+def preflight(spec: AnySpec) -> None:
+    """Check every input before anything is written or any model is called (every dataset of a sweep)."""
+    from ragledger.datasets import DatasetError, load_questions
     from ragledger.paths import resolve_data_path
+    from schemas.spec import SweepSpec
     from tasks.retrievers import parse_retriever
 
-    load_questions(spec.dataset.name, spec.dataset.path)
+    for i, experiment in enumerate(spec.expand()):
+        try:
+            load_questions(experiment.dataset.name, experiment.dataset.path)
+        except DatasetError as exc:
+            where = f"dataset[{i}]" if isinstance(spec, SweepSpec) else "dataset"
+            raise DatasetError(f"{where}.path: {exc}") from None
     if any(parse_retriever(r).needs_corpus for r in spec.retrievers):
         for p in spec.corpus.paths:
             if not resolve_data_path(p).is_file():
-                from ragledger.datasets import DatasetError
-
                 raise DatasetError(f"corpus.paths: {resolve_data_path(p)}: file not found")
     if spec.model.backend == "openai":
         from ragledger.llm import api_key_from_env
@@ -139,16 +155,19 @@ def run(
     store_root = store or spec.tracking.store
 
 
-    console.print(f"[bold]ragledger[/] experiment [cyan]{spec.name}[/]: {len(spec.retrievers)} retriever(s) × "
-                  f"{len(spec.readers)} reader(s) on {spec.dataset.name} (limit {spec.dataset.limit}), model "
-                  f"{spec.model.display_name}")
+    from schemas.spec import SweepSpec
+
+    sweep = isinstance(spec, SweepSpec)
+    datasets = ", ".join(f"{e.name + ': ' if sweep else ''}{e.dataset.name} (limit {e.dataset.limit})" for e in spec.expand())
+    console.print(f"[bold]ragledger[/] {'sweep' if sweep else 'experiment'} [cyan]{spec.name}[/]: {len(spec.retrievers)} "
+                  f"retriever(s) × {len(spec.readers)} reader(s) on {datasets}, model {spec.model.display_name}")
     with _stage_progress():
         try:
             with prefect_api():
-                from flows.experiment import run_experiment
+                from flows.sweep import run_spec
 
-                summary = run_experiment(spec.model_dump(), store_root, base_url=base_url, runner=runner,
-                                         workers=workers, scheduler_address=scheduler)
+                summary = run_spec(spec.model_dump(), store_root, base_url=base_url, runner=runner, workers=workers,
+                                   scheduler_address=scheduler)
         except (*errors, PrefectServerError) as exc:
             _fail(str(exc))
     _print_summary(summary)
@@ -157,27 +176,35 @@ def run(
 
 
 def _print_summary(summary: dict) -> None:
+    """A run's readers table and model calls; for a sweep (summary["experiments"]), one table per dataset."""
     from tracking.readers_table import display_rows, headers, readers_table
 
-    table = Table(title=f"{summary['experiment']} — {summary['questions']} questions", show_lines=False)
-    for i, title in enumerate(headers()):
-        table.add_column(title, no_wrap=True, justify="left" if i < 2 else "right")
-    for row in display_rows(readers_table(summary["cells"])):
-        table.add_row(*row)
-    console.print(table)
+    experiments = summary.get("experiments", [summary])
+    for s in experiments:
+        table = Table(title=f"{s['experiment']} — {s['questions']} questions", show_lines=False)
+        for i, title in enumerate(headers()):
+            table.add_column(title, no_wrap=True, justify="left" if i < 2 else "right")
+        for row in display_rows(readers_table(s["cells"])):
+            table.add_row(*row)
+        console.print(table)
+        if s.get("closed_book_dropped") is not None:
+            console.print(f"closed-book filter (seed 001): dropped {s['closed_book_dropped']} of "
+                          f"{s['questions_sampled']} sampled questions answered correctly without context; "
+                          f"{s['questions']} remain")
+        if "experiments" in summary:
+            console.print(f"{s['experiment']}: model calls {s['llm_calls']}, {s['wall_time_s']:.1f} s, "
+                          f"MLflow parent run {s['mlflow_parent_run_id']}")
     console.print("EM 95% CI: bootstrap over questions (1,000 resamples, seed 0); the same table is on the MLflow parent run "
                   "as analysis/readers_table.{csv,md,html}")
-    if summary.get("closed_book_dropped") is not None:
-        console.print(f"closed-book filter (seed 001): dropped {summary['closed_book_dropped']} of "
-                      f"{summary['questions_sampled']} sampled questions answered correctly without context; "
-                      f"{summary['questions']} remain")
+    what = f"this sweep ({len(experiments)} experiments)" if "experiments" in summary else "this run"
     console.print(
-        f"model calls this run: [bold]{summary['llm_calls']}[/] (LLM-cache hits {summary['cache_hits']}, "
+        f"model calls {what}: [bold]{summary['llm_calls']}[/] (LLM-cache hits {summary['cache_hits']}, "
         f"retries {summary['retries']}; {summary['tasks_from_cache']}/{summary['tasks_total']} tasks from Prefect's cache) "
         f"in {summary['wall_time_s']:.1f} s"
     )
+    parents = ", ".join(s["mlflow_parent_run_id"] for s in experiments)
     console.print(f"MLflow: {summary['tracking_uri']}  experiment id {summary['mlflow_experiment_id']}, "
-                  f"parent run {summary['mlflow_parent_run_id']}")
+                  f"parent run{'s' if len(experiments) > 1 else ''} {parents}")
     console.print("open it with: [bold]ragledger ui[/]   (then http://127.0.0.1:5000)")
 
 
@@ -196,7 +223,7 @@ def index(
         if spec_path is None:
             spec = ExperimentSpec(name="index", retrievers=["bm25@10", "dense@10"], readers=["concatenation"])
         else:
-            spec = load_spec(spec_path)
+            spec = load_spec(spec_path).expand()[0]  # a sweep's experiments share corpus and retrievers
     except errors as exc:
         _fail(str(exc))
     store_root = store or spec.tracking.store

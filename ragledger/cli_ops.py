@@ -13,7 +13,7 @@ from rich.table import Table
 server_app = typer.Typer(help="The long-running local Prefect server (schedules, flow-run history, Prefect UI).",
                          no_args_is_help=True)
 
-EXPERIMENT_FLOWS = ["ragledger-experiment", "ragledger-scheduled"]
+EXPERIMENT_FLOWS = ["ragledger-experiment", "ragledger-sweep", "ragledger-scheduled"]
 
 
 def _cli():
@@ -162,15 +162,26 @@ def _flow_runs(limit: int, experiment: str | None) -> list[dict[str, Any]]:
             continue
         spec = fr.parameters.get("spec_dict") or {}
         name = spec.get("name", "?")
-        if experiment and name != experiment:
+        names = _experiment_names(spec)
+        if experiment and experiment not in (name, *names):
             continue
         store = fr.parameters.get("store_root")
+        mlflow_runs = [r for n in names if (r := _mlflow_run_of(store, n, str(fr.id)))]
         rows.append({"name": fr.name, "flow": flows.get(fr.flow_id, "?"), "state": fr.state_name or "?",
                      "started": fr.start_time.strftime("%Y-%m-%d %H:%M:%S") if fr.start_time else "-",
                      "seconds": f"{fr.total_run_time.total_seconds():.1f}" if fr.total_run_time else "-",
-                     "experiment": name, "mlflow_run": _mlflow_run_of(store, name, str(fr.id)) or "-",
-                     "id": str(fr.id)})
+                     "experiment": name, "mlflow_run": ", ".join(mlflow_runs) or "-", "id": str(fr.id)})
     return rows[:limit]
+
+
+def _experiment_names(spec_dict: dict) -> list[str]:
+    """The experiments a flow run's spec runs: its name, or a sweep's `<name>.<label>` per dataset."""
+    from schemas.spec import SpecError, parse_spec
+
+    try:
+        return [e.name for e in parse_spec(spec_dict).expand()]
+    except SpecError:  # a spec recorded by an older version: its name is all we can go by
+        return [spec_dict.get("name", "?")]
 
 
 def _mlflow_run_of(store_root: str | None, experiment: str, flow_run_id: str) -> str | None:

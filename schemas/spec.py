@@ -32,6 +32,35 @@ class DatasetSpec(_Strict):
         return self.model_dump(exclude={"closed_book_filter"})
 
 
+LABEL_PATTERN = r"^[A-Za-z0-9_.\-]+$"
+
+
+def _list_entry(model: type[BaseModel], value: dict, where: str) -> BaseModel:
+    """One entry of a list field, validated with one message that names it (`readers[2].samples: ...`)
+    instead of pydantic's per-union-member errors."""
+    try:
+        return model.model_validate(value)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"])
+        msg = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
+        raise ValueError(f"{where}.{field}: {msg}") from None
+
+
+class DatasetEntry(DatasetSpec):
+    """One dataset of a sweep (a spec whose `dataset` is a list): it becomes the experiment `<spec name>.<label>`."""
+
+    label: str | None = Field(None, pattern=LABEL_PATTERN, description="default: the dataset name")
+
+    @property
+    def key(self) -> str:
+        return self.label or self.name
+
+    def dataset(self) -> DatasetSpec:
+        """The plain dataset: the label names the experiment only, so it enters no hash or question id."""
+        return DatasetSpec.model_validate(self.model_dump(exclude={"label"}))
+
+
 class CorpusSpec(_Strict):
     name: Literal["squad-paragraphs", "jsonl"] = "squad-paragraphs"
     paths: list[str] = Field(
@@ -114,10 +143,12 @@ class ReaderEntry(_Strict):
         return f"{self.name}({','.join(diff)})" if diff else self.name  # no [ ]: rich reads them as markup
 
 
-class ExperimentSpec(_Strict):
-    name: str = Field(..., min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")
+class _SpecBase(_Strict):
+    """What an experiment spec and a sweep spec share; they differ in `dataset` (one mapping, or a list)."""
+
+    name: str = Field(..., min_length=1, pattern=LABEL_PATTERN)
     description: str = ""
-    dataset: DatasetSpec = DatasetSpec()
+    dataset: DatasetSpec | list[DatasetEntry]  # narrowed by each subclass; declared here to keep the field order
     corpus: CorpusSpec = CorpusSpec()
     retrievers: list[str] = Field(..., min_length=1)
     readers: list[str | ReaderEntry] = Field(..., min_length=1)
@@ -147,13 +178,7 @@ class ExperimentSpec(_Strict):
             if isinstance(e, str | ReaderEntry):
                 out.append(e)
             elif isinstance(e, dict):
-                try:
-                    out.append(ReaderEntry.model_validate(e))
-                except ValidationError as exc:
-                    err = exc.errors()[0]
-                    where = ".".join(str(p) for p in err["loc"])
-                    msg = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
-                    raise ValueError(f"readers[{i}].{where}: {msg}") from None
+                out.append(_list_entry(ReaderEntry, e, f"readers[{i}]"))
             else:
                 raise ValueError(f"readers[{i}]: expected a reader name or a mapping {{name: ..., samples: ...}}, got {e!r}")
         return out
@@ -181,6 +206,22 @@ class ExperimentSpec(_Strict):
             raise ValueError(f"duplicate reader entries: {sorted(k for k in set(keys) if keys.count(k) > 1)}")
         return entries
 
+    def reader_entries(self) -> list[ReaderEntry]:
+        return [ReaderEntry(name=e) if isinstance(e, str) else e for e in self.readers]
+
+    def reader_entry(self, key: str) -> ReaderEntry:
+        """The reader entry whose label (`ReaderEntry.key`) is `key`."""
+        for e in self.reader_entries():
+            if e.key == key:
+                return e
+        raise ValueError(f"no reader {key!r} in the spec; readers: {[e.key for e in self.reader_entries()]}")
+
+
+class ExperimentSpec(_SpecBase):
+    """One experiment: one dataset x retrievers x readers x model."""
+
+    dataset: DatasetSpec = DatasetSpec()
+
     @model_validator(mode="after")
     def _gold_needs_gold_paragraphs(self) -> ExperimentSpec:
         from tasks.retrievers import uses_gold
@@ -194,22 +235,68 @@ class ExperimentSpec(_Strict):
                              f"(corpus.name is {self.corpus.name!r})")
         return self
 
-    def reader_entries(self) -> list[ReaderEntry]:
-        return [ReaderEntry(name=e) if isinstance(e, str) else e for e in self.readers]
-
-    def reader_entry(self, key: str) -> ReaderEntry:
-        """The reader entry whose label (`ReaderEntry.key`) is `key`."""
-        for e in self.reader_entries():
-            if e.key == key:
-                return e
-        raise ValueError(f"no reader {key!r} in the spec; readers: {[e.key for e in self.reader_entries()]}")
-
     def spec_hash(self) -> str:
         """Hash of everything that determines results (tracking locations excluded)."""
         payload = self.model_dump(exclude={"tracking", "description", "execution"})
         if not self.dataset.closed_book_filter:  # specs without the filter keep the hash they had before it existed
             payload["dataset"].pop("closed_book_filter")
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+    def expand(self) -> list[ExperimentSpec]:
+        return [self]
+
+
+class SweepSpec(_SpecBase):
+    """A spec whose `dataset` is a list: one ordinary experiment per dataset, named `<name>.<label>`, all logged to
+    the same MLflow experiment (tracking.mlflow_experiment, default the sweep's name) so their grids sit side by side."""
+
+    dataset: list[DatasetEntry] = Field(..., min_length=1)
+
+    @field_validator("dataset", mode="before")
+    @classmethod
+    def _dataset_shapes(cls, entries: object) -> object:
+        """One message per bad entry, naming it dataset[i]."""
+        if not isinstance(entries, list):
+            return entries
+        if not entries:
+            raise ValueError("an empty list: give one dataset mapping, or a list of at least one")
+        out = []
+        for i, e in enumerate(entries):
+            if isinstance(e, DatasetEntry):
+                out.append(e)
+            elif isinstance(e, dict):
+                out.append(_list_entry(DatasetEntry, e, f"dataset[{i}]"))
+            else:
+                raise ValueError(f"dataset[{i}]: expected a mapping {{name: ..., path: ...}}, got {e!r}")
+        first: dict[str, int] = {}
+        for i, e in enumerate(out):
+            if e.key in first:
+                raise ValueError(f"dataset[{i}].label: {e.key!r} is already the label of dataset[{first[e.key]}] "
+                                 "(the label defaults to the dataset name; give each entry a distinct label)")
+            first[e.key] = i
+        return out
+
+    @model_validator(mode="after")
+    def _experiments_valid(self) -> SweepSpec:
+        """Checks that depend on the dataset (e.g. gold(...) needs squad), per entry."""
+        for i, e in enumerate(self.dataset):
+            try:
+                self._experiment(e)
+            except ValidationError as exc:
+                raise ValueError(f"dataset[{i}]: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from None
+        return self
+
+    def _experiment(self, entry: DatasetEntry) -> ExperimentSpec:
+        shared = {k: getattr(self, k) for k in _SpecBase.model_fields if k not in ("name", "dataset", "tracking")}
+        tracking = self.tracking.model_copy(update={"mlflow_experiment": self.tracking.mlflow_experiment or self.name})
+        return ExperimentSpec(**shared, name=f"{self.name}.{entry.key}", dataset=entry.dataset(), tracking=tracking)
+
+    def expand(self) -> list[ExperimentSpec]:
+        """One experiment per dataset, in list order; each is an ordinary spec with its own hash and caches."""
+        return [self._experiment(e) for e in self.dataset]
+
+
+AnySpec = ExperimentSpec | SweepSpec
 
 
 def _format_errors(path: str, exc: ValidationError) -> str:
@@ -223,16 +310,18 @@ def _format_errors(path: str, exc: ValidationError) -> str:
     return "\n".join(lines)
 
 
-def parse_spec(data: object, source: str = "<spec>") -> ExperimentSpec:
+def parse_spec(data: object, source: str = "<spec>") -> AnySpec:
+    """An ExperimentSpec when `dataset` is one mapping (or absent), a SweepSpec when it is a list."""
     if not isinstance(data, dict):
         raise SpecError(f"{source}: the spec must be a YAML mapping, got {type(data).__name__}")
+    model = SweepSpec if isinstance(data.get("dataset"), list) else ExperimentSpec
     try:
-        return ExperimentSpec.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
         raise SpecError(_format_errors(source, exc)) from None
 
 
-def load_spec(path: str | Path) -> ExperimentSpec:
+def load_spec(path: str | Path) -> AnySpec:
     path = Path(path)
     if not path.is_file():
         raise SpecError(f"{path}: spec file not found")

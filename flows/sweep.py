@@ -1,0 +1,68 @@
+"""The sweep flow: a spec whose `dataset` is a list runs as one experiment per dataset (`SweepSpec.expand`),
+each an ordinary experiment subflow with its own store records, caches and MLflow parent run, all in one
+MLflow experiment. The experiments run in sequence and share one model endpoint (the embedded server starts
+at most once per sweep, and only when some task must call the model)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from prefect import flow
+from prefect.runtime import flow_run
+
+from flows.endpoint import shared_endpoint
+from flows.experiment import FLOW_VERSION, run_experiment
+from ragledger import progress
+from schemas.spec import SweepSpec, parse_spec
+
+# the run-summary counters a sweep adds up over its experiments
+TOTALS = ("llm_calls", "cache_hits", "retries", "tasks_total", "tasks_from_cache")
+
+
+@dataclass
+class SweepSummary:
+    sweep: str
+    experiments: list[dict[str, Any]] = field(default_factory=list)  # each experiment's RunSummary, in list order
+    llm_calls: int = 0
+    cache_hits: int = 0
+    retries: int = 0
+    tasks_total: int = 0
+    tasks_from_cache: int = 0
+    wall_time_s: float = 0.0
+    tracking_uri: str = ""
+    mlflow_experiment_id: str | None = None
+    flow_run_id: str | None = None
+
+
+@flow(name="ragledger-sweep", version=FLOW_VERSION)
+def sweep_flow(spec_dict: dict, store_root: str, tracking_uri: str | None = None, base_url: str | None = None,
+               runner: str | None = None, workers: int | None = None, scheduler_address: str | None = None) -> dict:
+    started = time.perf_counter()
+    sweep = SweepSpec.model_validate(spec_dict)
+    experiments = sweep.expand()
+    summary = SweepSummary(sweep.name, flow_run_id=str(flow_run.id) if flow_run.id else None)
+    progress.set_total("experiments", len(experiments))
+    with shared_endpoint(sweep, base_url):
+        for spec in experiments:
+            result = run_experiment(spec.model_dump(), store_root, base_url=base_url, tracking_uri=tracking_uri,
+                                    runner=runner, workers=workers, scheduler_address=scheduler_address)
+            summary.experiments.append(result)
+            progress.advance("experiments", 1)
+    for key in TOTALS:
+        setattr(summary, key, sum(r[key] for r in summary.experiments))
+    summary.tracking_uri = summary.experiments[0]["tracking_uri"]
+    summary.mlflow_experiment_id = summary.experiments[0]["mlflow_experiment_id"]  # one MLflow experiment for all
+    summary.wall_time_s = round(time.perf_counter() - started, 2)
+    return asdict(summary)
+
+
+def run_spec(spec_dict: dict, store_root: str, base_url: str | None = None, tracking_uri: str | None = None,
+             runner: str | None = None, workers: int | None = None, scheduler_address: str | None = None) -> dict:
+    """A spec with one dataset runs as an experiment (its RunSummary); with a list of datasets, as a sweep
+    (a SweepSummary, whose `experiments` holds each RunSummary)."""
+    if isinstance(parse_spec(spec_dict), SweepSpec):
+        return sweep_flow(spec_dict, store_root, tracking_uri, base_url, runner, workers, scheduler_address)
+    return run_experiment(spec_dict, store_root, base_url=base_url, tracking_uri=tracking_uri, runner=runner,
+                          workers=workers, scheduler_address=scheduler_address)
