@@ -155,8 +155,10 @@ class LLMClient:
         return response
 
     async def _call_with_retries(self, client: openai.AsyncOpenAI, req: LLMRequest) -> LLMResponse:
-        last_error = ""
+        url = str(client.base_url)
+        last_error, transport_failure = "", False
         for attempt in range(self.max_retries + 1):
+            _fail_if_unreachable(url)
             started = time.perf_counter()
             try:
                 result = await client.post("/chat/completions", body=_chat_body(self.model, req), cast_to=ChatCompletion)
@@ -168,6 +170,7 @@ class LLMClient:
                     raise _Retryable("response has no message content")
                 mean_lp = _mean_logprob(choice) if req.logprobs else None
                 usage = result.usage
+                _UNREACHABLE.pop(url, None)
                 return LLMResponse(
                     text=text,
                     mean_logprob=mean_lp,
@@ -180,14 +183,14 @@ class LLMClient:
                 status = exc.status_code
                 if status in (400, 401, 403, 404, 422):
                     raise BackendError(f"{self.base_url}: HTTP {status} (not retried): {_short(exc)}") from None
-                last_error = f"HTTP {status}"
+                last_error, transport_failure = f"HTTP {status}", False
                 delay = _retry_after(exc.response) if status == 429 else None
             except (openai.APITimeoutError, openai.APIConnectionError) as exc:
-                last_error = _transport_error(exc)
+                last_error, transport_failure = _transport_error(exc), True
                 delay = None
             except (_Retryable, openai.APIResponseValidationError, ValueError) as exc:
                 # malformed or truncated bodies, empty completions
-                last_error = f"malformed response: {_short(exc)}"
+                last_error, transport_failure = f"malformed response: {_short(exc)}", False
                 delay = None
             if attempt == self.max_retries:
                 break
@@ -195,7 +198,29 @@ class LLMClient:
                 delay = min(self.backoff_max_s, self.backoff_base_s * 2**attempt)
                 delay = delay * (0.5 + random.random())  # jitter
             await asyncio.sleep(delay)
+        if transport_failure:
+            _UNREACHABLE[url] = (time.monotonic(), last_error)
         raise BackendError(f"{self.base_url}: gave up after {self.max_retries + 1} attempts; last error: {last_error}")
+
+
+# An endpoint that a call gave up on for a transport failure (refused, reset, timed out: a server that is down
+# or hung, not one answering errors): calls to it in the next UNREACHABLE_FOR_S fail at once. Without this each
+# queued call spent its own retries (~30 s of backoff) while holding a concurrency slot, so a run whose embedded
+# server died took many minutes to fail. A later run (a schedule server's next one) tries the endpoint again.
+UNREACHABLE_FOR_S = 60.0
+_UNREACHABLE: dict[str, tuple[float, str]] = {}  # endpoint URL -> (when a call gave up on it, its last error)
+
+
+def _fail_if_unreachable(url: str) -> None:
+    down = _UNREACHABLE.get(url)
+    if down is None:
+        return
+    when, error = down
+    age = time.monotonic() - when
+    if age > UNREACHABLE_FOR_S:
+        _UNREACHABLE.pop(url, None)
+        return
+    raise BackendError(f"{url}: not reachable: a call gave up on it {age:.0f} s ago (last error: {error}); not retried")
 
 
 # ---- the engine: one event loop per process that runs every model call ----------------------------

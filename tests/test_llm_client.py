@@ -168,3 +168,47 @@ def test_worker_processes_share_the_concurrency_bound(monkeypatch):
     assert process_concurrency(64) == 64
     monkeypatch.setenv(PROCESSES_ENV, "2")
     assert (process_concurrency(64), process_concurrency(3), process_concurrency(1)) == (32, 1, 1)
+
+
+def test_an_endpoint_found_down_fails_the_queued_calls_at_once(monkeypatch):
+    """A server that died (nothing listens on its port any more): the first call spends its retries, the calls
+    queued behind it fail at once, naming the cause, instead of each retrying for ~30 s in its concurrency slot."""
+    import asyncio
+    import socket
+
+    from ragledger import llm
+
+    with socket.socket() as s:  # a port that nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dead = LLMClient(base_url=f"http://127.0.0.1:{port}/v1", model="m", backend_identity="fake", cache=None,
+                     backoff_base_s=0.01, backoff_max_s=0.02, max_retries=3, concurrency=1)
+
+    async def queued():
+        return await asyncio.gather(*(dead.complete(req(prompt=f"q{i}")) for i in range(6)), return_exceptions=True)
+
+    errors = run_on_engine(queued())
+    assert all(isinstance(e, BackendError) for e in errors), errors
+    gave_up = [str(e) for e in errors if "gave up after 4 attempts" in str(e)]
+    fast = [str(e) for e in errors if "not reachable: a call gave up on it" in str(e)]
+    assert len(gave_up) == 1 and len(fast) == 5, errors
+    assert "ConnectionRefusedError" in gave_up[0] and "ConnectionRefusedError" in fast[0]
+    # the mark expires: a later run tries the endpoint again (its own retries)
+    monkeypatch.setattr(llm, "UNREACHABLE_FOR_S", 0.0)
+    with pytest.raises(BackendError, match="gave up after 4 attempts"):
+        run_on_engine(dead.complete(req(prompt="later")))
+
+
+def test_a_server_answering_errors_is_not_marked_unreachable():
+    """HTTP 500s come from a live server: every call keeps its own retries (it may recover)."""
+    import asyncio
+
+    with ScriptedServer(faults=Faults(http_500=1.0)) as failing:
+        c = client(failing, max_retries=1)
+
+        async def several():
+            return await asyncio.gather(*(c.complete(req(prompt=f"q{i}")) for i in range(3)), return_exceptions=True)
+
+        errors = run_on_engine(several())
+        assert all("gave up after 2 attempts" in str(e) for e in errors), errors
+        assert failing.faults_injected["http_500"] == 6
