@@ -13,7 +13,7 @@ from prefect import flow
 from prefect.runtime import flow_run
 
 from flows.endpoint import shared_endpoint
-from flows.experiment import FLOW_VERSION, run_experiment
+from flows.experiment import FLOW_VERSION, run_experiment, without_default_heartbeats
 from ragledger import progress
 from schemas.spec import SweepSpec, parse_spec
 
@@ -63,6 +63,7 @@ def run_spec(spec_dict: dict, store_root: str, base_url: str | None = None, trac
     """A spec with one dataset runs as an experiment (its RunSummary); with a list of datasets, as a sweep
     (a SweepSummary, whose `experiments` holds each RunSummary)."""
     if isinstance(parse_spec(spec_dict), SweepSpec):
-        return sweep_flow(spec_dict, store_root, tracking_uri, base_url, runner, workers, scheduler_address)
+        with without_default_heartbeats():
+            return sweep_flow(spec_dict, store_root, tracking_uri, base_url, runner, workers, scheduler_address)
     return run_experiment(spec_dict, store_root, base_url=base_url, tracking_uri=tracking_uri, runner=runner,
                           workers=workers, scheduler_address=scheduler_address)

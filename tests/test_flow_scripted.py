@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -94,6 +95,13 @@ def test_flow_end_to_end_then_rerun_makes_no_calls(workspace, prefect_harness):
         assert second["llm_calls"] == 0 and server.calls == calls_before
         assert second["tasks_from_cache"] == second["tasks_total"]
         assert second["cells"] == first["cells"]
+        # cell metrics are a projection: deleting every projection and rerunning gives the same figures
+        import shutil
+
+        shutil.rmtree(Path(spec["tracking"]["store"]) / "projections")
+        third = run_flow(spec)
+        assert third["cells"] == first["cells"] and third["llm_calls"] == 0
+        assert list((Path(spec["tracking"]["store"]) / "projections" / "metrics").glob("cell-metrics-*.json"))
 
     # the brace passage went into a prompt literally
     prompts = query(spec["tracking"]["store"], "SELECT prompt FROM generations WHERE list_contains(passage_ids, 'p4')")
@@ -118,7 +126,7 @@ print(json.dumps(out))
     runs = json.loads(proc.stdout.strip().splitlines()[-1])
     parents = [r for r in runs if r["level"] == "experiment"]
     cells = [r for r in runs if r["level"] == "cell"]
-    assert len(parents) == 2 and len(cells) == 8  # two executions x four cells
+    assert len(parents) == 3 and len(cells) == 12  # three executions x four cells
     latest_parent = second["mlflow_parent_run_id"]
     mine = [c for c in cells if c["parent"] == latest_parent]
     assert len(mine) == 4

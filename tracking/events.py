@@ -27,6 +27,9 @@ from ragledger.crash import crashpoint
 from ragledger.processes import pid_alive
 from schemas.records import RECORD_MODELS, SCHEMA_VERSION, columns_of, validate_records
 
+# derived, rebuildable views of the segments (overlap sets, cell metrics) live under <store>/projections/
+PROJECTIONS_DIR = "projections"
+
 CHECKSUM_KEY = b"ragledger.checksum"
 KIND_KEY = b"ragledger.kind"
 

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import uuid
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+METRICS_VERSION = "1"  # bump when cell_metrics changes: it names the cached projections
 
 HEADLINE = ["em", "f1", "semantic_acc", "unk_pct", "nm_pct", "recall_at_k", "gold_paragraph_hit"]
 
@@ -70,3 +76,27 @@ def bootstrap_ci(values: np.ndarray, n_resamples: int = 1000, seed: int = 0, alp
     idx = rng.integers(0, len(values), size=(n_resamples, len(values)))
     means = values[idx].mean(axis=1)
     return float(np.quantile(means, alpha / 2)), float(np.quantile(means, 1 - alpha / 2))
+
+
+def cached_cell_metrics(projection_dir: Path, key: str, compute) -> dict:
+    """A cell's metrics as a projection of its immutable segments: computed once per segment set (`key` hashes
+    the segment paths, which are content-addressed, and METRICS_VERSION) and kept as JSON under the store's
+    projections; deleting them only makes the next run recompute the same figures."""
+    path = projection_dir / f"cell-metrics-{key}.json"
+    if path.exists():
+        try:
+            return _with_nan_singleton(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            pass  # a damaged projection is recomputed
+    metrics = compute()
+    projection_dir.mkdir(parents=True, exist_ok=True)
+    tmp = projection_dir / f".tmp-{uuid.uuid4().hex}.json"
+    tmp.write_text(json.dumps(metrics))
+    os.replace(tmp, path)  # atomic: a killed run leaves no half-written projection
+    return metrics
+
+
+def _with_nan_singleton(metrics: dict) -> dict:
+    """NaN read back from JSON as math.nan itself, as cell_metrics returns it: dicts compare NaN by identity, so a
+    rerun's metrics then equal the first run's."""
+    return {k: math.nan if isinstance(v, float) and math.isnan(v) else v for k, v in metrics.items()}

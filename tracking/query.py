@@ -31,10 +31,9 @@ import duckdb
 import pandas as pd
 
 from schemas.records import RECORD_MODELS, columns_of
-from tracking.events import EventStore, stable_hash
+from tracking.events import PROJECTIONS_DIR, EventStore, stable_hash
 
 PROJECTION_VERSION = "overlap-2"
-PROJECTIONS_DIR = "projections"
 
 
 def _empty_select(kind: str) -> str:
