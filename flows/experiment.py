@@ -33,7 +33,7 @@ from tasks.readers import get_reader, settings_for
 from tasks.retrieve import retrieve_task
 from tasks.retrievers import parse_retriever
 from tasks.vote import vote_task
-from tracking.events import PROJECTIONS_DIR, EventStore, event_id, new_events, stable_hash
+from tracking.events import PROJECTIONS_DIR, EventStore, event_id, new_events, stable_hash, temp_path
 from tracking.metrics import METRICS_VERSION, cached_cell_metrics, cell_metrics
 from tracking.mlflow_log import MlflowLogger, flatten, resolve_tracking_uri, safe_spec
 from tracking.readers_table import readers_table, write_readers_table
@@ -159,7 +159,7 @@ def recall_curve_files(store: EventStore, questions_df, segments: dict[str, list
         return []
     curve = recall_at_k_curve(retrievals, questions_df, list(segments))
     out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir / f".tmp-{uuid.uuid4().hex}"  # written aside, then renamed: a killed run leaves no half file
+    tmp = temp_path(out_dir)  # written aside, then renamed: a killed run leaves no half file
     curve.to_csv(tmp.with_suffix(".csv"), index=False)
     plot_recall_curve(curve, tmp.with_suffix(".png"))
     for f in files:

@@ -47,3 +47,20 @@ def test_a_dataset_file_is_parsed_once_per_process_and_again_when_it_changes(tmp
     path.write_text('{"id": "c", "question": "Where?", "answers": ["Here"]}\n')
     os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 1_000_000))  # a new modification time
     assert [q.qid for q in load_questions("jsonl", str(path))] == ["c"] and len(parsed) == 2
+
+
+def test_projection_temp_files_follow_the_stores_clean_up_convention(tmp_path):
+    """A projection written aside by a writer that was killed is found by `store verify` and removed once its pid is
+    gone, like an interrupted segment write (the temp names carry the writer's pid)."""
+    from tracking.events import EventStore, temp_path
+
+    projections = tmp_path / "projections" / "metrics"
+    projections.mkdir(parents=True)
+    live = temp_path(projections, ".json")
+    live.write_text("{}")
+    dead = projections / live.name.replace(f".tmp-{os.getpid()}-", ".tmp-999999999-")  # above any pid_max
+    dead.write_text("{")
+    store = EventStore(tmp_path)
+    assert {p.path.name for p in store.verify()[1]} == {live.name, dead.name}
+    assert store.remove_abandoned_temp_files() == 1
+    assert live.exists() and not dead.exists()

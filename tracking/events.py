@@ -13,6 +13,7 @@ import json
 import os
 import re
 import tempfile
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -29,6 +30,25 @@ from schemas.records import RECORD_MODELS, SCHEMA_VERSION, columns_of, validate_
 
 # derived, rebuildable views of the segments (overlap sets, cell metrics) live under <store>/projections/
 PROJECTIONS_DIR = "projections"
+
+
+def temp_path(directory: Path, suffix: str = "") -> Path:
+    """A temporary file name in `directory` in the store's convention (`.tmp-<pid>-...`): every write under the store
+    goes aside and is renamed into place; one left by a killed writer is then reported by `verify` and removed by
+    `remove_abandoned_temp_files` once that pid is gone (a name without the pid would be flagged forever)."""
+    return directory / f".tmp-{os.getpid()}-{uuid.uuid4().hex}{suffix}"
+
+
+def write_text_atomically(path: Path, text: str) -> None:
+    """Write a small derived file (a projection) aside and rename it into place: readers never see half of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_path(path.parent, path.suffix)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 CHECKSUM_KEY = b"ragledger.checksum"
 KIND_KEY = b"ragledger.kind"

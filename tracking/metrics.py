@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import uuid
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from tracking.events import write_text_atomically
 
 METRICS_VERSION = "1"  # bump when cell_metrics changes: it names the cached projections
 
@@ -89,10 +89,7 @@ def cached_cell_metrics(projection_dir: Path, key: str, compute) -> dict:
         except (OSError, ValueError):
             pass  # a damaged projection is recomputed
     metrics = compute()
-    projection_dir.mkdir(parents=True, exist_ok=True)
-    tmp = projection_dir / f".tmp-{uuid.uuid4().hex}.json"
-    tmp.write_text(json.dumps(metrics))
-    os.replace(tmp, path)  # atomic: a killed run leaves no half-written projection
+    write_text_atomically(path, json.dumps(metrics))  # a killed run leaves no half-written projection
     return metrics
 
 

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -31,7 +29,7 @@ import duckdb
 import pandas as pd
 
 from schemas.records import RECORD_MODELS, columns_of
-from tracking.events import PROJECTIONS_DIR, EventStore, stable_hash
+from tracking.events import PROJECTIONS_DIR, EventStore, stable_hash, write_text_atomically
 
 PROJECTION_VERSION = "overlap-2"
 
@@ -120,15 +118,7 @@ def _projection_path(root: Path, kind: str, experiment: str | None, key: str) ->
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".proj-", suffix=".json", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomically(path, text)
     for stale in path.parent.glob("overlaps-*.json"):  # the same kind and experiment, other segments
         if stale != path:
             with contextlib.suppress(OSError):

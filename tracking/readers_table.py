@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import html
 import math
-import uuid
 from pathlib import Path
 
 import pandas as pd
+
+from tracking.events import temp_path
 
 # (column, header); numbers are percentages except tokens/calls per question
 COLUMNS = [("em", "EM"), ("em_ci", "EM 95% CI"), ("f1", "F1"), ("semantic_acc", "Sem"), ("unk_pct", "%Unk"),
@@ -78,7 +79,7 @@ def write_readers_table(table: pd.DataFrame, out_dir: Path, title: str = "") -> 
     contents = {FILES[1]: to_markdown(table, title), FILES[2]: to_html(table, title)}
     paths = []
     for name in FILES:
-        tmp = out_dir / f".tmp-{uuid.uuid4().hex}-{name}"
+        tmp = temp_path(out_dir, f"-{name}")
         if name.endswith(".csv"):
             table.to_csv(tmp, index=False)
         else:
