@@ -51,13 +51,6 @@ class ModelEndpoint:
         return model == self.model and base_url == self.base_url and (self.logprobs or not logprobs)
 
 
-
-def close_on_error(stack: contextlib.ExitStack, exc: BaseException) -> None:
-    """Close an endpoint's stack with the error that ends the run (not a bare close()): an embedded server that
-    died under the run then raises its own cause (e.g. SIGILL) in place of the refused connections it caused."""
-    stack.__exit__(type(exc), exc, exc.__traceback__)
-
-
 _shared: ContextVar[ModelEndpoint | None] = ContextVar("ragledger_shared_endpoint", default=None)
 
 

@@ -22,7 +22,7 @@ from prefect import flow, task
 from prefect.results import get_result_store
 from prefect.runtime import flow_run
 
-from flows.endpoint import close_on_error, model_endpoint
+from flows.endpoint import model_endpoint
 from ragledger import progress
 from ragledger.datasets import load_questions, sample_questions
 from schemas.spec import ExperimentSpec
@@ -222,8 +222,9 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
                     counters[k] += r.counters.get(k, 0)
 
     # the model endpoint: started at most once, and only when a task that calls the model must run
-    # (compress/parametric retrievers call it during retrieval, readers during generation); closed after
-    # generation or on an error before it (an enclosing sweep's shared endpoint stays up: the sweep closes it)
+    # (compress/parametric retrievers call it during retrieval, readers during generation); the block below closes
+    # it after generation, or with the error that ends the run before (an enclosing sweep's shared endpoint stays
+    # up: the sweep closes it)
     model_key = stable_hash(model_identity(spec))
     # look up stage results as the tasks themselves do: the flow's own result store never finds them (Prefect
     # 3.8 gives a flow's store a null metadata store, so its exists() is always False)
@@ -237,91 +238,76 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
         except Exception:  # nothing persisted under this key (or unreadable): the task runs
             return False
 
-    endpoint_stack = contextlib.ExitStack()
-    endpoint = endpoint_stack.enter_context(model_endpoint(spec, base_url))
+    with model_endpoint(spec, base_url) as endpoint:
+        # 0. seed 001's closed-book filter: one task per shard of the sampled questions; the rest run on what is left
+        closed_book_dropped: int | None = None
+        filter_segments: list[str] = []
+        if spec.dataset.closed_book_filter:
+            from tasks.closed_book_filter import FILTER_VERSION, answered_closed_book, closed_book_filter_task
+            from tasks.readers.concatenation import Concatenation
 
-    # 0. seed 001's closed-book filter: one task per shard of the sampled questions; the rest run on what is left
-    closed_book_dropped: int | None = None
-    filter_segments: list[str] = []
-    if spec.dataset.closed_book_filter:
-        from tasks.closed_book_filter import FILTER_VERSION, answered_closed_book, closed_book_filter_task
-        from tasks.readers.concatenation import Concatenation
-
-        filter_params = []
-        for s in shard(qids, spec.execution.shard_size):
-            key = stable_hash("closed-book-filter", FLOW_VERSION, dataset_key, FILTER_VERSION, Concatenation.prompt_version,
-                              model_key, stable_hash("shard", s, length=12))
-            try:
+            filter_params = []
+            for s in shard(qids, spec.execution.shard_size):
+                key = stable_hash("closed-book-filter", FLOW_VERSION, dataset_key, FILTER_VERSION, Concatenation.prompt_version,
+                                  model_key, stable_hash("shard", s, length=12))
                 url = endpoint.known_url() if reusable(key) else endpoint.url()
-            except BaseException as exc:
-                close_on_error(endpoint_stack, exc)
-                raise
-            filter_params.append(dict(spec_dict=spec_dict, store_root=store_root, questions_segment=q_segment, base_url=url,
-                                      qids=s, stage_key=key, run_token=run_token))
-        try:
+                filter_params.append(dict(spec_dict=spec_dict, store_root=store_root, questions_segment=q_segment, base_url=url,
+                                          qids=s, stage_key=key, run_token=run_token))
             filtered = _checked(closed_book_filter_task, [closed_book_filter_task.submit(**p) for p in filter_params],
                                 filter_params)
-        except BaseException as exc:
-            close_on_error(endpoint_stack, exc)
-            raise
-        account(filtered)
-        filter_segments = [r.segment for r in filtered if r.segment]
-        correct = answered_closed_book(store.read("questions", paths=[q_segment]),
-                                       store.read("generations", paths=filter_segments))
-        closed_book_dropped = len(correct)
-        qids = [q for q in qids if q not in correct]
-    shards = shard(qids, spec.execution.shard_size)
-    shard_ids = [stable_hash("shard", s, length=12) for s in shards]
+            account(filtered)
+            filter_segments = [r.segment for r in filtered if r.segment]
+            correct = answered_closed_book(store.read("questions", paths=[q_segment]),
+                                           store.read("generations", paths=filter_segments))
+            closed_book_dropped = len(correct)
+            qids = [q for q in qids if q not in correct]
+        shards = shard(qids, spec.execution.shard_size)
+        shard_ids = [stable_hash("shard", s, length=12) for s in shards]
 
-    # 1. retrieve: one task per (retriever, shard)
-    retrieve_params = {}
-    for r in spec.retrievers:
-        retriever = parse_retriever(r)
-        code = retriever.code_version
-        for sid, s in zip(shard_ids, shards, strict=True):
-            key = stable_hash("retrieve", FLOW_VERSION, dataset_key, corpus_hash, r, code, sid, str(Path(store_root).resolve()),
-                              *([model_key] if retriever.needs_llm else []))
-            must_call = retriever.needs_llm and not reusable(key)
-            url = endpoint.url() if must_call else endpoint.known_url()
-            retrieve_params[(r, sid)] = dict(spec_dict=spec_dict, store_root=store_root, questions_segment=q_segment,
-                                            retriever_name=r, qids=s, stage_key=key, run_token=run_token, base_url=url)
-    stage_started = time.perf_counter()
-    stage_seconds: dict[str, float] = {}
+        # 1. retrieve: one task per (retriever, shard)
+        retrieve_params = {}
+        for r in spec.retrievers:
+            retriever = parse_retriever(r)
+            code = retriever.code_version
+            for sid, s in zip(shard_ids, shards, strict=True):
+                key = stable_hash("retrieve", FLOW_VERSION, dataset_key, corpus_hash, r, code, sid,
+                                  str(Path(store_root).resolve()), *([model_key] if retriever.needs_llm else []))
+                must_call = retriever.needs_llm and not reusable(key)
+                url = endpoint.url() if must_call else endpoint.known_url()
+                retrieve_params[(r, sid)] = dict(spec_dict=spec_dict, store_root=store_root, questions_segment=q_segment,
+                                                retriever_name=r, qids=s, stage_key=key, run_token=run_token, base_url=url)
+        stage_started = time.perf_counter()
+        stage_seconds: dict[str, float] = {}
 
-    def stage_done(name: str) -> None:
-        nonlocal stage_started
-        now = time.perf_counter()
-        stage_seconds[name] = round(now - stage_started, 2)
-        stage_started = now
+        def stage_done(name: str) -> None:
+            nonlocal stage_started
+            now = time.perf_counter()
+            stage_seconds[name] = round(now - stage_started, 2)
+            stage_started = now
 
-    stage_seconds["prepare"] = round(stage_started - started, 2)  # includes the closed-book filter, when on
-    progress.set_total("retrieve", len(retrieve_params))
-    try:
+        stage_seconds["prepare"] = round(stage_started - started, 2)  # includes the closed-book filter, when on
+        progress.set_total("retrieve", len(retrieve_params))
         futures = {k: retrieve_task.submit(**p) for k, p in retrieve_params.items()}
         checked = _checked(retrieve_task, list(futures.values()), list(retrieve_params.values()))
         retrieved = dict(zip(futures, checked, strict=True))
-    except BaseException as exc:
-        close_on_error(endpoint_stack, exc)
-        raise
-    account(list(retrieved.values()))
-    progress.advance("retrieve", len(retrieved))
-    stage_done("retrieve")
+        account(list(retrieved.values()))
+        progress.advance("retrieve", len(retrieved))
+        stage_done("retrieve")
 
-    # 2. generate rounds: one task per (cell, shard, round); the endpoint starts only if a task must run
-    gen_keys: dict[tuple[str, str, int], str] = {}
-    for c in cells:
-        entry = entries[c.strategy]
-        reader = get_reader(entry.name)
-        settings = () if entry.is_default else (entry.settings_dict(),)  # plain names keep their keys
-        for sid in shard_ids:
-            upstream = retrieve_params[(c.retriever, sid)]["stage_key"]
-            for rnd in range(1, c.rounds + 1):
-                version = reader.version_for(settings_for(entry))  # the template version under this entry's settings
-                upstream = stable_hash("generate", upstream, c.strategy, version, model_key, rnd, *settings)
-                gen_keys[(c.name, sid, rnd)] = upstream
-    must_generate = not all(reusable(k) for k in gen_keys.values())
-    generations: dict[tuple[str, str], list[StageResult]] = {(c.name, sid): [] for c in cells for sid in shard_ids}
-    with endpoint_stack:
+        # 2. generate rounds: one task per (cell, shard, round); the endpoint starts only if a task must run
+        gen_keys: dict[tuple[str, str, int], str] = {}
+        for c in cells:
+            entry = entries[c.strategy]
+            reader = get_reader(entry.name)
+            settings = () if entry.is_default else (entry.settings_dict(),)  # plain names keep their keys
+            for sid in shard_ids:
+                upstream = retrieve_params[(c.retriever, sid)]["stage_key"]
+                for rnd in range(1, c.rounds + 1):
+                    version = reader.version_for(settings_for(entry))  # the template version under this entry's settings
+                    upstream = stable_hash("generate", upstream, c.strategy, version, model_key, rnd, *settings)
+                    gen_keys[(c.name, sid, rnd)] = upstream
+        must_generate = not all(reusable(k) for k in gen_keys.values())
+        generations: dict[tuple[str, str], list[StageResult]] = {(c.name, sid): [] for c in cells for sid in shard_ids}
         url = endpoint.url() if must_generate else endpoint.known_url()
         progress.set_total("generate", len(gen_keys))
         for rnd in range(1, max(c.rounds for c in cells) + 1):
