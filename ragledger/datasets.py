@@ -161,15 +161,14 @@ def load_questions(name: str, path: str) -> list[Question]:
     modification time stay the same (parsing SQuAD dev is ~0.3 s, a fixed cost of every cached rerun in a
     long-lived process: a schedule server, a sweep, a benchmark); callers get their own copies."""
     p = resolve_data_path(path)
-    stat = p.stat() if p.is_file() else None
-    key = (name, str(p.resolve()), stat.st_size, stat.st_mtime_ns) if stat else None
-    if key is None or key not in _loaded:
-        questions = _parse_questions(name, p)
-        if key is None:
-            return questions
+    if not p.is_file():
+        return _parse_questions(name, p)  # raises the loaders' file-not-found message
+    stat = p.stat()
+    key = (name, str(p.resolve()), stat.st_size, stat.st_mtime_ns)
+    if key not in _loaded:
         if len(_loaded) >= 8:
             _loaded.pop(next(iter(_loaded)))
-        _loaded[key] = questions
+        _loaded[key] = _parse_questions(name, p)
     return [copy.copy(q) for q in _loaded[key]]
 
 

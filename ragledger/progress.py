@@ -35,7 +35,7 @@ def advance(stage: str, n: int = 1) -> None:
 
 class PlainProgress:
     """Progress as plain lines, for output that is not a terminal (a log file of an hours-long run, CI):
-    each stage's count at most every `every_s` seconds and when it completes, with its rate and time left."""
+    each stage's count at most every `every_s` seconds and when it completes, with elapsed time and time left."""
 
     def __init__(self, emit: Callable[[str], None], every_s: float = 30.0, clock: Callable[[], float] | None = None):
         self.emit, self.every_s, self.clock = emit, every_s, clock or time.monotonic
