@@ -23,6 +23,7 @@ from prefect.results import get_result_store
 from prefect.runtime import flow_run
 
 from flows.endpoint import model_endpoint
+from flows.pipeline import Pipeline
 from ragledger import progress
 from ragledger.datasets import load_questions, sample_questions
 from schemas.spec import ExperimentSpec
@@ -139,10 +140,6 @@ def log_to_mlflow(spec_dict: dict, summary_dict: dict, cell_segments: dict[str, 
     logger.log_artifacts(parent, analysis_files or [], "analysis")
     logger.end(parent)
     return {"parent": parent, "cells": cell_runs, "experiment_id": logger.experiment_id}
-
-
-def in_cell(params: dict, cell: CellPlan) -> bool:
-    return params["retriever_name"] == cell.retriever and params["strategy"] == cell.strategy
 
 
 def recall_curve_files(store: EventStore, questions_df, segments: dict[str, list[str | None]], out_dir: Path) -> list[str]:
@@ -264,7 +261,9 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
         shards = shard(qids, spec.execution.shard_size)
         shard_ids = [stable_hash("shard", s, length=12) for s in shards]
 
-        # 1. retrieve: one task per (retriever, shard)
+        # 1-4. retrieve -> generate rounds -> vote -> evaluate, one task per (stage, cell or retriever, shard, round).
+        # Every key is known up front (chained from upstream keys); the tasks run as a pipeline: each is submitted when
+        # its upstream result is in, so early shards vote and evaluate while later shards still generate
         retrieve_params = {}
         for r in spec.retrievers:
             retriever = parse_retriever(r)
@@ -276,95 +275,95 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
                 url = endpoint.url() if must_call else endpoint.known_url()
                 retrieve_params[(r, sid)] = dict(spec_dict=spec_dict, store_root=store_root, questions_segment=q_segment,
                                                 retriever_name=r, qids=s, stage_key=key, run_token=run_token, base_url=url)
-        stage_started = time.perf_counter()
-        stage_seconds: dict[str, float] = {}
-
-        def stage_done(name: str) -> None:
-            nonlocal stage_started
-            now = time.perf_counter()
-            stage_seconds[name] = round(now - stage_started, 2)
-            stage_started = now
-
-        stage_seconds["prepare"] = round(stage_started - started, 2)  # includes the closed-book filter, when on
-        progress.set_total("retrieve", len(retrieve_params))
-        futures = {k: retrieve_task.submit(**p) for k, p in retrieve_params.items()}
-        checked = _checked(retrieve_task, list(futures.values()), list(retrieve_params.values()))
-        retrieved = dict(zip(futures, checked, strict=True))
-        account(list(retrieved.values()))
-        progress.advance("retrieve", len(retrieved))
-        stage_done("retrieve")
-
-        # 2. generate rounds: one task per (cell, shard, round); the endpoint starts only if a task must run
         gen_keys: dict[tuple[str, str, int], str] = {}
         for c in cells:
             entry = entries[c.strategy]
             reader = get_reader(entry.name)
             settings = () if entry.is_default else (entry.settings_dict(),)  # plain names keep their keys
+            version = reader.version_for(settings_for(entry))  # the template version under this entry's settings
             for sid in shard_ids:
                 upstream = retrieve_params[(c.retriever, sid)]["stage_key"]
                 for rnd in range(1, c.rounds + 1):
-                    version = reader.version_for(settings_for(entry))  # the template version under this entry's settings
                     upstream = stable_hash("generate", upstream, c.strategy, version, model_key, rnd, *settings)
                     gen_keys[(c.name, sid, rnd)] = upstream
-        must_generate = not all(reusable(k) for k in gen_keys.values())
+        # the endpoint starts only if a generate task must run
+        gen_url = endpoint.url() if not all(reusable(k) for k in gen_keys.values()) else endpoint.known_url()
+        stage_seconds: dict[str, float] = {"prepare": round(time.perf_counter() - started, 2)}  # incl. closed-book filter
+
+        retrieved: dict[tuple[str, str], StageResult] = {}
         generations: dict[tuple[str, str], list[StageResult]] = {(c.name, sid): [] for c in cells for sid in shard_ids}
-        url = endpoint.url() if must_generate else endpoint.known_url()
-        progress.set_total("generate", len(gen_keys))
-        for rnd in range(1, max(c.rounds for c in cells) + 1):
-            params_list, keys = [], []
-            for c in cells:
-                if rnd > c.rounds:
-                    continue
-                for sid, s in zip(shard_ids, shards, strict=True):
-                    params_list.append(dict(
-                        spec_dict=spec_dict, store_root=store_root, questions_segment=q_segment,
-                        base_url=url, retriever_name=c.retriever, strategy=c.strategy,
-                        round_no=rnd, qids=s, retrieval_segments=[retrieved[(c.retriever, sid)].segment],
-                        previous_segments=[g.segment for g in generations[(c.name, sid)]],
-                        stage_key=gen_keys[(c.name, sid, rnd)], run_token=run_token,
-                        logprobs_base_url=endpoint.logprobs_url(),
-                    ))  # fmt: skip
-                    keys.append((c.name, sid))
-            futs = [generate_round_task.submit(**p) for p in params_list]
-            results = []
-            for f, p in zip(futs, params_list, strict=True):
-                results += _checked(generate_round_task, [f], [p])
-                progress.advance("generate", 1)
-            account(results)
-            for k, r in zip(keys, results, strict=True):
-                generations[k].append(r)
+        votes: dict[tuple[str, str], StageResult] = {}
+        evals: dict[tuple[str, str], StageResult] = {}
 
-    # 3. vote and 4. evaluate: one task each per (cell, shard)
-    vote_params, eval_params = [], []
-    for c in cells:
-        for sid, s in zip(shard_ids, shards, strict=True):
-            last_gen = gen_keys[(c.name, sid, c.rounds)]
-            vkey = stable_hash("vote", last_gen, get_reader(entries[c.strategy].name).vote_version, entries[c.strategy].vote)
-            vote_params.append(dict(
+        def counted(stage: str, result: StageResult) -> None:
+            account([result])
+            progress.advance(stage, 1)
+
+        pipeline = Pipeline(on_result=counted)
+
+        def retrieve(r: str, sid: str) -> None:
+            def then(result: StageResult) -> None:
+                retrieved[(r, sid)] = result
+                for c in cells:
+                    if c.retriever == r:
+                        generate(c, sid, 1)
+
+            pipeline.submit("retrieve", retrieve_task, retrieve_params[(r, sid)], then)
+
+        def generate(c: CellPlan, sid: str, rnd: int) -> None:
+            def then(result: StageResult) -> None:
+                generations[(c.name, sid)].append(result)
+                vote(c, sid) if rnd == c.rounds else generate(c, sid, rnd + 1)
+
+            params = dict(
+                spec_dict=spec_dict, store_root=store_root, questions_segment=q_segment, base_url=gen_url,
+                retriever_name=c.retriever, strategy=c.strategy, round_no=rnd, qids=shard_qids[sid],
+                retrieval_segments=[retrieved[(c.retriever, sid)].segment],
+                previous_segments=[g.segment for g in generations[(c.name, sid)]],
+                stage_key=gen_keys[(c.name, sid, rnd)], run_token=run_token, logprobs_base_url=endpoint.logprobs_url(),
+            )  # fmt: skip
+            pipeline.submit("generate", generate_round_task, params, then)
+
+        def vote(c: CellPlan, sid: str) -> None:
+            entry = entries[c.strategy]
+            key = stable_hash("vote", gen_keys[(c.name, sid, c.rounds)], get_reader(entry.name).vote_version, entry.vote)
+            params = dict(
                 spec_dict=spec_dict, store_root=store_root, questions_segment=q_segment, retriever_name=c.retriever,
-                strategy=c.strategy, qids=s, retrieval_segments=[retrieved[(c.retriever, sid)].segment],
-                generation_segments=[g.segment for g in generations[(c.name, sid)]], stage_key=vkey, run_token=run_token,
-            ))  # fmt: skip
-    stage_done("generate")
-    progress.set_total("vote", len(vote_params))
-    votes = _checked(vote_task, [vote_task.submit(**p) for p in vote_params], vote_params)
-    account(votes)
-    progress.advance("vote", len(votes))
-    for vp, v in zip(vote_params, votes, strict=True):
-        eval_params.append(dict(
-            spec_dict=spec_dict, store_root=store_root, questions_segment=q_segment, retriever_name=vp["retriever_name"],
-            strategy=vp["strategy"], qids=vp["qids"], retrieval_segments=vp["retrieval_segments"],
-            generation_segments=vp["generation_segments"], vote_segment=v.segment,
-            stage_key=stable_hash("evaluate", vp["stage_key"], EVALUATE_VERSION), run_token=run_token,
-        ))  # fmt: skip
-    stage_done("vote")
-    progress.set_total("evaluate", len(eval_params))
-    evals = _checked(evaluate_task, [evaluate_task.submit(**p) for p in eval_params], eval_params)
-    account(evals)
-    progress.advance("evaluate", len(evals))
+                strategy=c.strategy, qids=shard_qids[sid], retrieval_segments=[retrieved[(c.retriever, sid)].segment],
+                generation_segments=[g.segment for g in generations[(c.name, sid)]], stage_key=key, run_token=run_token,
+            )  # fmt: skip
 
-    # metrics per cell, from the stored records of this run
-    stage_done("evaluate")
+            def then(result: StageResult) -> None:
+                votes[(c.name, sid)] = result
+                evaluate(c, sid, params)
+
+            pipeline.submit("vote", vote_task, params, then)
+
+        def evaluate(c: CellPlan, sid: str, vote_params: dict) -> None:
+            params = {**vote_params, "vote_segment": votes[(c.name, sid)].segment,
+                      "stage_key": stable_hash("evaluate", vote_params["stage_key"], EVALUATE_VERSION)}
+            pipeline.submit("evaluate", evaluate_task, params, lambda result: evals.__setitem__((c.name, sid), result))
+
+        shard_qids = dict(zip(shard_ids, shards, strict=True))
+        pipeline_stages = {"retrieve": len(retrieve_params), "generate": len(gen_keys),
+                           "vote": len(cells) * len(shards), "evaluate": len(cells) * len(shards)}
+        for stage, total in pipeline_stages.items():
+            progress.set_total(stage, total)
+        for sid in shard_ids:  # shard by shard, so the first shards reach the model first
+            for r in spec.retrievers:
+                retrieve(r, sid)
+        pipeline.run()
+        stage_seconds.update(pipeline.stage_spans(list(pipeline_stages)))
+
+    # metrics per cell, from the stored records of this run (timed from here: closing the endpoint is not a stage)
+    stage_started = time.perf_counter()
+
+    def stage_done(name: str) -> None:
+        nonlocal stage_started
+        now = time.perf_counter()
+        stage_seconds[name] = round(now - stage_started, 2)
+        stage_started = now
+
     summary = RunSummary(spec.name, spec_hash, len(qids), questions_sampled, closed_book_dropped)
     summary.flow_run_id = str(flow_run.id) if flow_run.id else None
     summary.root_flow_run_id = str(flow_run.root_flow_run_id) if flow_run.root_flow_run_id else None
@@ -374,8 +373,8 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
         segs = {
             "retrievals": [retrieved[(c.retriever, sid)].segment for sid in shard_ids],
             "generations": [g.segment for sid in shard_ids for g in generations[(c.name, sid)]],
-            "votes": [v.segment for v, p in zip(votes, vote_params, strict=True) if in_cell(p, c)],
-            "outcomes": [e.segment for e, p in zip(evals, eval_params, strict=True) if in_cell(p, c)],
+            "votes": [votes[(c.name, sid)].segment for sid in shard_ids],
+            "outcomes": [evals[(c.name, sid)].segment for sid in shard_ids],
         }
         segs = {k: [s for s in v if s] for k, v in segs.items()}
         cell_segments[c.name] = {**segs, "questions": [q_segment]}
