@@ -4,6 +4,10 @@ OpenAI, a vLLM server and the embedded llama.cpp server all go through `LLMClien
 adds the content-addressed call cache, bounded concurrency, and bounded retries with exponential
 backoff, jitter and Retry-After. Backends that ignore `n` are handled by callers asking for one
 sample per request, each with its own `sample_index` (and seed).
+
+The calls themselves are made in the model-call process (`ragledger.llm_http`, which says why), started on the
+first call by this process's engine loop; this side keeps what belongs to a run: the call's cache key, identical
+calls in flight asked once, and the counters a stage reports.
 """
 
 from __future__ import annotations
@@ -12,47 +16,25 @@ import asyncio
 import atexit
 import contextlib
 import os
-import random
+import sys
 import threading
-import time
 from collections.abc import Coroutine
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any, TypeVar
 
-import openai
-from openai.types.chat import ChatCompletion
-
+from ragledger.llm_http import BackendError, Endpoint, LLMRequest, LLMResponse, encode, read_message
 from tracking.events import stable_hash
 from tracking.llm_cache import LLMCallCache
 
 T = TypeVar("T")
 
+__all__ = ["BackendError", "CallCounters", "LLMClient", "LLMRequest", "LLMResponse", "api_key_from_env",
+           "close_clients", "run_on_engine"]
 
-@dataclass(frozen=True)
-class LLMRequest:
-    system: str
-    prompt: str
-    temperature: float
-    top_p: float
-    max_tokens: int
-    seed: int
-    sample_index: int = 0
-    logprobs: bool = False
-
-
-@dataclass
-class LLMResponse:
-    text: str
-    mean_logprob: float | None
-    tokens_in: int
-    tokens_out: int
-    latency_ms: float
-    from_cache: bool = False
-    retries: int = 0
-
-
-class BackendError(RuntimeError):
-    """The model endpoint failed after all retries (or refused the request outright)."""
+REPO_ROOT = str(Path(__file__).resolve().parents[1])  # the model-call process imports ragledger and tracking from here
+# calls to an endpoint that a call gave up on for a transport failure fail at once for this long (ragledger.llm_http)
+UNREACHABLE_FOR_S = 60.0
 
 
 @dataclass
@@ -89,37 +71,17 @@ class LLMClient:
     # the embedded backend serves log-probability calls from a second server (ragledger.embedded.Endpoints)
     logprobs_base_url: str | None = None
 
-    def _shared(self, logprobs: bool = False) -> tuple[openai.AsyncOpenAI, asyncio.Semaphore]:
-        """One HTTP client and one concurrency bound per endpoint, shared by every task in the process.
-        Calls routed to `logprobs_base_url` share the main endpoint's bound: both servers run on one machine."""
-        key = (self.base_url, self.api_key, self.concurrency, self.timeout_s)
-        if key not in _SHARED:
-            _SHARED[key] = (self._openai(self.base_url), asyncio.Semaphore(self.concurrency))
-        client, semaphore = _SHARED[key]
-        if logprobs and self.logprobs_base_url:
-            lp_key = ("logprobs", self.logprobs_base_url, *key)
-            if lp_key not in _SHARED:
-                _SHARED[lp_key] = (self._openai(self.logprobs_base_url), semaphore)
-            client = _SHARED[lp_key][0]
-        return client, semaphore
-
-    def _openai(self, url: str) -> openai.AsyncOpenAI:
-        # the openai client's aiohttp transport (extra `openai[aiohttp]`), not its default httpx one: measured
-        # 10,000 calls at concurrency 64 against a 100 ms test server, 2.8 ms CPU per request against 4.8 ms
-        # (README, P1); at hundreds of requests per second the client's CPU, not the server, bounded a run
-        return openai.AsyncOpenAI(base_url=url, api_key=self.api_key, max_retries=0, timeout=self.timeout_s,
-                                  http_client=openai.DefaultAioHttpClient(timeout=self.timeout_s))
+    def endpoint(self) -> Endpoint:
+        return Endpoint(base_url=self.base_url, model=self.model, api_key=self.api_key, concurrency=self.concurrency,
+                        timeout_s=self.timeout_s, max_retries=self.max_retries, backoff_base_s=self.backoff_base_s,
+                        backoff_max_s=self.backoff_max_s, logprobs_base_url=self.logprobs_base_url,
+                        unreachable_for_s=UNREACHABLE_FOR_S)
 
     def cache_key(self, req: LLMRequest) -> str:
         return stable_hash("llm-call", self.backend_identity, self.model, asdict(req), length=40)
 
     async def complete(self, req: LLMRequest) -> LLMResponse:
         key = self.cache_key(req)
-        if self.cache is not None:
-            hit = self.cache.get(key)
-            if hit is not None:
-                self.counters.cache_hits += 1
-                return LLMResponse(**{**hit, "from_cache": True})
         # an identical request already in flight (strategies sharing calls in the same round, e.g.
         # concat_pf's round 1 and concatenation) waits for that one instead of calling the model again
         loop = asyncio.get_running_loop()
@@ -132,9 +94,8 @@ class LLMClient:
         future: asyncio.Future[LLMResponse] = loop.create_future()
         _INFLIGHT[slot] = future
         try:
-            client, semaphore = self._shared(req.logprobs)
-            async with semaphore:
-                response = await self._call_with_retries(client, req)
+            cache_path = str(self.cache.path) if self.cache is not None else None
+            response = await _call_process(loop).call(self.endpoint(), req, key, cache_path)
         except asyncio.CancelledError:
             future.cancel()
             raise
@@ -146,91 +107,94 @@ class LLMClient:
             future.set_result(response)
         finally:
             _INFLIGHT.pop(slot, None)
+        if response.from_cache:
+            self.counters.cache_hits += 1
+            return response
         self.counters.calls += 1
         self.counters.retries += response.retries
         self.counters.tokens_in += response.tokens_in
         self.counters.tokens_out += response.tokens_out
-        if self.cache is not None:
-            self.cache.put(key, {k: v for k, v in asdict(response).items() if k != "from_cache"})
         return response
 
-    async def _call_with_retries(self, client: openai.AsyncOpenAI, req: LLMRequest) -> LLMResponse:
-        url = str(client.base_url)
-        last_error, transport_failure = "", False
-        for attempt in range(self.max_retries + 1):
-            _fail_if_unreachable(url)
-            started = time.perf_counter()
-            try:
-                result = await client.post("/chat/completions", body=_chat_body(self.model, req), cast_to=ChatCompletion)
-                if not result.choices or result.choices[0].message is None:
-                    raise _Retryable("response has no choices")
-                choice = result.choices[0]
-                text = choice.message.content
-                if text is None:
-                    raise _Retryable("response has no message content")
-                mean_lp = _mean_logprob(choice) if req.logprobs else None
-                usage = result.usage
-                _UNREACHABLE.pop(url, None)
-                return LLMResponse(
-                    text=text,
-                    mean_logprob=mean_lp,
-                    tokens_in=int(usage.prompt_tokens) if usage else 0,
-                    tokens_out=int(usage.completion_tokens) if usage else 0,
-                    latency_ms=(time.perf_counter() - started) * 1000,
-                    retries=attempt,
-                )
-            except openai.APIStatusError as exc:
-                status = exc.status_code
-                if status in (400, 401, 403, 404, 422):
-                    raise BackendError(f"{self.base_url}: HTTP {status} (not retried): {_short(exc)}") from None
-                last_error, transport_failure = f"HTTP {status}", False
-                delay = _retry_after(exc.response) if status == 429 else None
-            except (openai.APITimeoutError, openai.APIConnectionError) as exc:
-                last_error, transport_failure = _transport_error(exc), True
-                delay = None
-            except (_Retryable, openai.APIResponseValidationError, ValueError) as exc:
-                # malformed or truncated bodies, empty completions
-                last_error, transport_failure = f"malformed response: {_short(exc)}", False
-                delay = None
-            if attempt == self.max_retries:
-                break
-            if delay is None:
-                delay = min(self.backoff_max_s, self.backoff_base_s * 2**attempt)
-                delay = delay * (0.5 + random.random())  # jitter
-            await asyncio.sleep(delay)
-        if transport_failure:
-            _UNREACHABLE[url] = (time.monotonic(), last_error)
-        raise BackendError(f"{self.base_url}: gave up after {self.max_retries + 1} attempts; last error: {last_error}")
 
-
-# An endpoint that a call gave up on for a transport failure (refused, reset, timed out: a server that is down
-# or hung, not one answering errors): calls to it in the next UNREACHABLE_FOR_S fail at once. Without this each
-# queued call spent its own retries (~30 s of backoff) while holding a concurrency slot, so a run whose embedded
-# server died took many minutes to fail. A later run (a schedule server's next one) tries the endpoint again.
-UNREACHABLE_FOR_S = 60.0
-_UNREACHABLE: dict[str, tuple[float, str]] = {}  # endpoint URL -> (when a call gave up on it, its last error)
-
-
-def _fail_if_unreachable(url: str) -> None:
-    down = _UNREACHABLE.get(url)
-    if down is None:
-        return
-    when, error = down
-    age = time.monotonic() - when
-    if age > UNREACHABLE_FOR_S:
-        _UNREACHABLE.pop(url, None)
-        return
-    raise BackendError(f"{url}: not reachable: a call gave up on it {age:.0f} s ago (last error: {error}); not retried")
-
-
-# ---- the engine: one event loop per process that runs every model call ----------------------------
-# Stage tasks run in worker threads; routing all their calls through one loop lets them share one
-# connection pool and one concurrency bound per endpoint (the embedded server answers one request
+# ---- the engine: one event loop per process that forwards every model call ------------------------
+# Stage tasks run in worker threads; routing all their calls through one loop and one model-call process lets
+# them share one connection pool and one concurrency bound per endpoint (the embedded server answers one request
 # at a time; a vLLM server wants a steady, bounded stream).
-_SHARED: dict[tuple, tuple[openai.AsyncOpenAI, asyncio.Semaphore]] = {}
 _INFLIGHT: dict[tuple[int, str], asyncio.Future] = {}  # (event loop, call cache key) -> its pending response
+_PROCESSES: dict[int, _CallProcess] = {}  # event loop -> its model-call process
 _engine_loop: asyncio.AbstractEventLoop | None = None
 _engine_lock = threading.Lock()
+
+
+class _CallProcess:
+    """The parent's end of one model-call process (`python -m ragledger.llm_http`): started on the first call,
+    from the engine loop's thread (which lives as long as the process, so the child's parent-death signal fires
+    only when this process dies), and started again if it exits."""
+
+    def __init__(self) -> None:
+        self._proc: asyncio.subprocess.Process | None = None
+        self._starting: asyncio.Lock | None = None
+        self._pending: dict[int, asyncio.Future] = {}
+        self._next_id = 0
+        self._reader: asyncio.Future | None = None
+
+    async def _ensure(self) -> asyncio.subprocess.Process:
+        if self._starting is None:
+            self._starting = asyncio.Lock()
+        async with self._starting:
+            if self._proc is None or self._proc.returncode is not None:
+                from ragledger.processes import die_with_parent
+
+                self._proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "ragledger.llm_http", stdin=asyncio.subprocess.PIPE,
+                    stdout=asyncio.subprocess.PIPE, preexec_fn=die_with_parent, limit=2**26,
+                    env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (REPO_ROOT, os.environ.get("PYTHONPATH"))))},
+                )  # fmt: skip
+                self._reader = asyncio.ensure_future(self._read_answers(self._proc))
+            return self._proc
+
+    async def _read_answers(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        why = ""
+        try:
+            while (message := await read_message(proc.stdout)) is not None:
+                call_id, ok, payload = message
+                future = self._pending.pop(call_id, None)
+                if future is not None and not future.done():
+                    future.set_result(payload) if ok else future.set_exception(BackendError(payload))
+        except Exception as exc:  # an unreadable answer: no call may wait forever for it
+            why = f": {type(exc).__name__}: {exc}"
+            proc.kill()
+        code = await proc.wait()
+        lost, self._pending = self._pending, {}
+        for future in lost.values():
+            if not future.done():
+                future.set_exception(BackendError(
+                    f"the model-call process ({sys.executable} -m ragledger.llm_http) exited with code {code}{why} "
+                    f"while {len(lost)} call(s) waited for it; its own error, if any, is above in stderr"))
+
+    async def call(self, ep: Endpoint, req: LLMRequest, cache_key: str, cache_path: str | None) -> LLMResponse:
+        proc = await self._ensure()
+        assert proc.stdin is not None
+        self._next_id += 1
+        call_id = self._next_id
+        future = asyncio.get_running_loop().create_future()
+        self._pending[call_id] = future
+        proc.stdin.write(encode(("call", call_id, ep, req, cache_key, cache_path)))
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # gone: _read_answers fails the call
+            await proc.stdin.drain()
+        return await future
+
+    async def close_clients(self, base_url: str | None) -> None:
+        if self._proc is not None and self._proc.returncode is None and self._proc.stdin is not None:
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                self._proc.stdin.write(encode(("close", base_url)))
+                await self._proc.stdin.drain()
+
+
+def _call_process(loop: asyncio.AbstractEventLoop) -> _CallProcess:
+    return _PROCESSES.setdefault(id(loop), _CallProcess())
 
 
 def _engine() -> asyncio.AbstractEventLoop:
@@ -244,20 +208,15 @@ def _engine() -> asyncio.AbstractEventLoop:
 
 
 def close_clients(base_url: str | None = None) -> None:
-    """Close the shared HTTP clients of one endpoint (an embedded server that stopped) or of all (process exit):
-    each holds an aiohttp session, and a long-lived process (a schedule server) would otherwise keep one per
-    finished run's endpoint."""
-    stale = [k for k in list(_SHARED) if base_url is None or base_url in k]
-    clients = [_SHARED.pop(k)[0] for k in stale]
+    """Close the model-call process's HTTP clients of one endpoint (an embedded server that stopped) or of all
+    (process exit): each holds an aiohttp session, and a long-lived process (a schedule server) would otherwise
+    keep one per finished run's endpoint."""
     loop = _engine_loop
-    if not clients or loop is None or loop.is_closed() or not loop.is_running():
+    process = _PROCESSES.get(id(loop)) if loop is not None else None
+    if process is None or loop is None or loop.is_closed() or not loop.is_running():
         return
-
-    async def close_all() -> None:
-        await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
-
     with contextlib.suppress(Exception):  # never block or fail a shutdown over a connection pool
-        asyncio.run_coroutine_threadsafe(close_all(), loop).result(timeout=10)
+        asyncio.run_coroutine_threadsafe(process.close_clients(base_url), loop).result(timeout=10)
 
 
 atexit.register(close_clients)
@@ -266,65 +225,6 @@ atexit.register(close_clients)
 def run_on_engine(coro: Coroutine[Any, Any, T]) -> T:
     """Run a coroutine of model calls on the process-wide engine loop and wait for its result."""
     return asyncio.run_coroutine_threadsafe(coro, _engine()).result()
-
-
-def _chat_body(model: str, req: LLMRequest) -> dict[str, Any]:
-    """The chat-completions request body. Sent with the openai client's `post` (same auth, errors and
-    response model as `chat.completions.create`) because `create` first walks every parameter through its
-    typed-params transform, which does nothing to these plain values and was the largest single cost per
-    request (measured, README P1)."""
-    body: dict[str, Any] = {
-        "model": model,
-        "messages": [{"role": "system", "content": req.system}, {"role": "user", "content": req.prompt}],
-        "temperature": req.temperature,
-        "top_p": req.top_p,
-        "max_tokens": req.max_tokens,
-        "seed": req.seed + req.sample_index,
-        "n": 1,
-    }
-    if req.logprobs:
-        # llama.cpp's server returns token logprobs only when top_logprobs is set
-        body |= {"logprobs": True, "top_logprobs": 1}
-    return body
-
-
-class _Retryable(Exception):
-    pass
-
-
-def _transport_error(exc: openai.APIConnectionError) -> str:
-    """Name a transport failure by its root cause. The aiohttp transport reports a refused connection as a
-    connect *timeout* (openai.APITimeoutError), which sends a user looking at timeouts, not at a server that
-    is down; the root cause (ConnectionRefusedError, a reset, a read timeout) says which it was."""
-    chain, cause = [], exc.__cause__ or exc.__context__
-    while cause is not None and len(chain) < 8:
-        chain.append(cause)
-        cause = cause.__cause__ or cause.__context__
-    if not chain:
-        return type(exc).__name__
-    refused = any(isinstance(c, ConnectionError) for c in chain)  # refused, reset, aborted (not TimeoutError)
-    kind = "APIConnectionError" if refused else type(exc).__name__
-    return f"{kind} ({type(chain[-1]).__name__}: {_short(chain[-1])})"
-
-
-def _short(exc: BaseException) -> str:
-    return str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-
-
-def _retry_after(response: Any) -> float | None:
-    try:
-        value = response.headers.get("retry-after")
-        return min(60.0, max(0.0, float(value))) if value is not None else None
-    except (AttributeError, ValueError):
-        return None
-
-
-def _mean_logprob(choice: Any) -> float | None:
-    content = getattr(getattr(choice, "logprobs", None), "content", None)
-    if not content:
-        return None
-    values = [t.logprob for t in content if t.logprob is not None]
-    return sum(values) / len(values) if values else None
 
 
 def api_key_from_env(var: str | None) -> str:

@@ -212,3 +212,73 @@ def test_a_server_answering_errors_is_not_marked_unreachable():
         errors = run_on_engine(several())
         assert all("gave up after 2 attempts" in str(e) for e in errors), errors
         assert failing.faults_injected["http_500"] == 6
+
+
+# ---- the model-call process (ragledger.llm_http) --------------------------------------------------------------
+
+def _call_process_pid() -> int:
+    from ragledger import llm
+
+    (process,) = [p for p in llm._PROCESSES.values() if p._proc is not None and p._proc.returncode is None]
+    return process._proc.pid
+
+
+def test_calls_in_flight_when_the_model_call_process_dies_fail_by_name_and_the_next_call_starts_a_new_one():
+    import asyncio
+    import os
+    import signal
+
+    with ScriptedServer(delay_s=2.0) as server:
+        c = client(server, concurrency=4)
+        run_on_engine(c.complete(req(prompt="warm up")))  # starts the process
+        pid = _call_process_pid()
+
+        async def kill_while_waiting():
+            calls = asyncio.gather(*(c.complete(req(prompt=f"q{i}")) for i in range(3)), return_exceptions=True)
+            await asyncio.sleep(0.5)
+            os.kill(pid, signal.SIGKILL)
+            return await calls
+
+        errors = run_on_engine(kill_while_waiting())
+        assert all(isinstance(e, BackendError) for e in errors), errors
+        assert all("model-call process" in str(e) and "exited with code -9" in str(e) for e in errors), errors
+        again = run_on_engine(c.complete(req(prompt="after the kill")))
+        assert again.text and not again.from_cache
+        assert _call_process_pid() != pid
+
+
+def test_the_model_call_process_ends_with_the_process_that_started_it(tmp_path):
+    """A run killed with SIGKILL leaves no model-call process behind (the parent-death signal)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import REPO
+
+    with ScriptedServer() as server:
+        script = (
+            "from ragledger.llm import LLMClient, LLMRequest, run_on_engine\n"
+            "from tests.test_llm_client import _call_process_pid\n"
+            f"c = LLMClient(base_url={server.base_url!r}, model='m', backend_identity='x', cache=None)\n"
+            "run_on_engine(c.complete(LLMRequest('s', 'Q: who?', 0.0, 1.0, 8, 0)))\n"
+            "print(_call_process_pid(), flush=True)\n"
+            "import time; time.sleep(120)\n"
+        )
+        parent = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, text=True)
+        child = int(parent.stdout.readline())
+        os.kill(child, 0)  # running
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                os.kill(child, 0)
+            except ProcessLookupError:
+                return
+            with open(f"/proc/{child}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":  # exited, not yet reaped: gone
+                    return
+            time.sleep(0.1)
+        pytest.fail(f"model-call process {child} still running 10 s after its parent was killed")

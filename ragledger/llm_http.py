@@ -1,0 +1,343 @@
+"""How one model call reaches an OpenAI-compatible endpoint, and the process that makes them all.
+
+`call_endpoint` sends one chat completion with the `openai` client (aiohttp transport): bounded concurrency per
+endpoint, bounded retries with exponential backoff, jitter and Retry-After, and a breaker that fails queued calls
+at once after a transport give-up. It runs in the **model-call process** (`python -m ragledger.llm_http`), a child
+of each ragledger process that makes calls (the CLI's, a Dask worker's), which `ragledger.llm` feeds through a
+pipe.
+
+Why a process of its own: stage tasks run in threads of the flow's process, and their CPU work (planning prompts,
+validating and writing records, scoring) held the GIL while the event loop's sockets waited. On the P1 benchmark
+(10,000 calls, 64 in flight, 100 ms each) the calls alone took 18 s in one process and 24 s inside the flow; the
+loop got the GIL late, so its 64 slots sat answered but unread. In its own process the loop's only work is the calls.
+
+Protocol (both ends ragledger's own): length-prefixed pickles. Parent -> child: ("call", id, Endpoint, LLMRequest,
+cache path or None) and ("close", base_url). Child -> parent: (id, True, LLMResponse) or (id, False, message).
+A call is written to the call cache before its answer is sent, so a call that was answered is never asked again,
+whatever happens to either process afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pickle
+import random
+import struct
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+FRAME = struct.Struct("!I")
+
+
+@dataclass(frozen=True)
+class LLMRequest:
+    system: str
+    prompt: str
+    temperature: float
+    top_p: float
+    max_tokens: int
+    seed: int
+    sample_index: int = 0
+    logprobs: bool = False
+
+
+@dataclass
+class LLMResponse:
+    text: str
+    mean_logprob: float | None
+    tokens_in: int
+    tokens_out: int
+    latency_ms: float
+    from_cache: bool = False
+    retries: int = 0
+
+
+class BackendError(RuntimeError):
+    """The model endpoint failed after all retries (or refused the request outright)."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where and how to call: everything `call_endpoint` needs, sent with each call."""
+
+    base_url: str
+    model: str
+    api_key: str = field(default="not-needed", repr=False)
+    concurrency: int = 4
+    timeout_s: float = 120.0
+    max_retries: int = 6
+    backoff_base_s: float = 0.5
+    backoff_max_s: float = 30.0
+    # the embedded backend serves log-probability calls from a second server (ragledger.embedded.Endpoints)
+    logprobs_base_url: str | None = None
+    unreachable_for_s: float = 60.0
+
+
+# ---- one call --------------------------------------------------------------------------------------------
+
+_SHARED: dict[tuple, tuple[Any, asyncio.Semaphore]] = {}
+
+
+def _shared(ep: Endpoint, logprobs: bool = False) -> tuple[Any, asyncio.Semaphore]:
+    """One HTTP client and one concurrency bound per endpoint, shared by every call in the process.
+    Calls routed to `logprobs_base_url` share the main endpoint's bound: both servers run on one machine."""
+    key = (ep.base_url, ep.api_key, ep.concurrency, ep.timeout_s)
+    if key not in _SHARED:
+        _SHARED[key] = (_openai(ep, ep.base_url), asyncio.Semaphore(ep.concurrency))
+    client, semaphore = _SHARED[key]
+    if logprobs and ep.logprobs_base_url:
+        lp_key = ("logprobs", ep.logprobs_base_url, *key)
+        if lp_key not in _SHARED:
+            _SHARED[lp_key] = (_openai(ep, ep.logprobs_base_url), semaphore)
+        client = _SHARED[lp_key][0]
+    return client, semaphore
+
+
+def _openai(ep: Endpoint, url: str) -> Any:
+    import openai
+
+    # the openai client's aiohttp transport (extra `openai[aiohttp]`), not its default httpx one: measured
+    # 10,000 calls at concurrency 64 against a 100 ms test server, 2.8 ms CPU per request against 4.8 ms
+    # (README, P1); at hundreds of requests per second the client's CPU, not the server, bounded a run
+    return openai.AsyncOpenAI(base_url=url, api_key=ep.api_key, max_retries=0, timeout=ep.timeout_s,
+                              http_client=openai.DefaultAioHttpClient(timeout=ep.timeout_s))
+
+
+async def call_endpoint(ep: Endpoint, req: LLMRequest) -> LLMResponse:
+    client, semaphore = _shared(ep, req.logprobs)
+    async with semaphore:
+        return await _call_with_retries(ep, client, req)
+
+
+async def _call_with_retries(ep: Endpoint, client: Any, req: LLMRequest) -> LLMResponse:
+    import openai
+    from openai.types.chat import ChatCompletion
+
+    url = str(client.base_url)
+    last_error, transport_failure = "", False
+    for attempt in range(ep.max_retries + 1):
+        _fail_if_unreachable(url, ep.unreachable_for_s)
+        started = time.perf_counter()
+        try:
+            result = await client.post("/chat/completions", body=_chat_body(ep.model, req), cast_to=ChatCompletion)
+            if not result.choices or result.choices[0].message is None:
+                raise _Retryable("response has no choices")
+            choice = result.choices[0]
+            text = choice.message.content
+            if text is None:
+                raise _Retryable("response has no message content")
+            mean_lp = _mean_logprob(choice) if req.logprobs else None
+            usage = result.usage
+            _UNREACHABLE.pop(url, None)
+            return LLMResponse(
+                text=text,
+                mean_logprob=mean_lp,
+                tokens_in=int(usage.prompt_tokens) if usage else 0,
+                tokens_out=int(usage.completion_tokens) if usage else 0,
+                latency_ms=(time.perf_counter() - started) * 1000,
+                retries=attempt,
+            )
+        except openai.APIStatusError as exc:
+            status = exc.status_code
+            if status in (400, 401, 403, 404, 422):
+                raise BackendError(f"{ep.base_url}: HTTP {status} (not retried): {_short(exc)}") from None
+            last_error, transport_failure = f"HTTP {status}", False
+            delay = _retry_after(exc.response) if status == 429 else None
+        except (openai.APITimeoutError, openai.APIConnectionError) as exc:
+            last_error, transport_failure = _transport_error(exc), True
+            delay = None
+        except (_Retryable, openai.APIResponseValidationError, ValueError) as exc:
+            # malformed or truncated bodies, empty completions
+            last_error, transport_failure = f"malformed response: {_short(exc)}", False
+            delay = None
+        if attempt == ep.max_retries:
+            break
+        if delay is None:
+            delay = min(ep.backoff_max_s, ep.backoff_base_s * 2**attempt)
+            delay = delay * (0.5 + random.random())  # jitter
+        await asyncio.sleep(delay)
+    if transport_failure:
+        _UNREACHABLE[url] = (time.monotonic(), last_error)
+    raise BackendError(f"{ep.base_url}: gave up after {ep.max_retries + 1} attempts; last error: {last_error}")
+
+
+# An endpoint that a call gave up on for a transport failure (refused, reset, timed out: a server that is down
+# or hung, not one answering errors): calls to it in the next `unreachable_for_s` fail at once. Without this each
+# queued call spent its own retries (~30 s of backoff) while holding a concurrency slot, so a run whose embedded
+# server died took many minutes to fail. A later run (a schedule server's next one) tries the endpoint again.
+_UNREACHABLE: dict[str, tuple[float, str]] = {}  # endpoint URL -> (when a call gave up on it, its last error)
+
+
+def _fail_if_unreachable(url: str, unreachable_for_s: float) -> None:
+    down = _UNREACHABLE.get(url)
+    if down is None:
+        return
+    when, error = down
+    age = time.monotonic() - when
+    if age > unreachable_for_s:
+        _UNREACHABLE.pop(url, None)
+        return
+    raise BackendError(f"{url}: not reachable: a call gave up on it {age:.0f} s ago (last error: {error}); not retried")
+
+
+def _chat_body(model: str, req: LLMRequest) -> dict[str, Any]:
+    """The chat-completions request body. Sent with the openai client's `post` (same auth, errors and
+    response model as `chat.completions.create`) because `create` first walks every parameter through its
+    typed-params transform, which does nothing to these plain values and was the largest single cost per
+    request (measured, README P1)."""
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": "system", "content": req.system}, {"role": "user", "content": req.prompt}],
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "max_tokens": req.max_tokens,
+        "seed": req.seed + req.sample_index,
+        "n": 1,
+    }
+    if req.logprobs:
+        # llama.cpp's server returns token logprobs only when top_logprobs is set
+        body |= {"logprobs": True, "top_logprobs": 1}
+    return body
+
+
+class _Retryable(Exception):
+    pass
+
+
+def _transport_error(exc: Any) -> str:
+    """Name a transport failure by its root cause. The aiohttp transport reports a refused connection as a
+    connect *timeout* (openai.APITimeoutError), which sends a user looking at timeouts, not at a server that
+    is down; the root cause (ConnectionRefusedError, a reset, a read timeout) says which it was."""
+    chain, cause = [], exc.__cause__ or exc.__context__
+    while cause is not None and len(chain) < 8:
+        chain.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    if not chain:
+        return type(exc).__name__
+    refused = any(isinstance(c, ConnectionError) for c in chain)  # refused, reset, aborted (not TimeoutError)
+    kind = "APIConnectionError" if refused else type(exc).__name__
+    return f"{kind} ({type(chain[-1]).__name__}: {_short(chain[-1])})"
+
+
+def _short(exc: BaseException) -> str:
+    return str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+
+
+def _retry_after(response: Any) -> float | None:
+    try:
+        value = response.headers.get("retry-after")
+        return min(60.0, max(0.0, float(value))) if value is not None else None
+    except (AttributeError, ValueError):
+        return None
+
+
+def _mean_logprob(choice: Any) -> float | None:
+    content = getattr(getattr(choice, "logprobs", None), "content", None)
+    if not content:
+        return None
+    values = [t.logprob for t in content if t.logprob is not None]
+    return sum(values) / len(values) if values else None
+
+
+async def close_clients(base_url: str | None = None) -> None:
+    """Close the HTTP clients of one endpoint (an embedded server that stopped) or of all: each holds an aiohttp
+    session, and a long-lived process (a schedule server) would otherwise keep one per finished run's endpoint."""
+    stale = [k for k in list(_SHARED) if base_url is None or base_url in k]
+    clients = [_SHARED.pop(k)[0] for k in stale]
+    await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
+
+
+# ---- the model-call process ------------------------------------------------------------------------------
+
+def encode(message: Any) -> bytes:
+    body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    return FRAME.pack(len(body)) + body
+
+
+async def read_message(reader: asyncio.StreamReader) -> Any:
+    """The next message, or None at the end of the stream."""
+    try:
+        (size,) = FRAME.unpack(await reader.readexactly(FRAME.size))
+        return pickle.loads(await reader.readexactly(size))
+    except asyncio.IncompleteReadError:
+        return None
+
+
+class _Caches:
+    """The call caches this process writes, by path (one SQLite file per store)."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, Any] = {}
+
+    def get(self, path: str | None):
+        if path is None:
+            return None
+        if path not in self._open:
+            from tracking.llm_cache import LLMCallCache
+
+            self._open[path] = LLMCallCache(path)
+        return self._open[path]
+
+
+async def cached_call(caches: _Caches, ep: Endpoint, req: LLMRequest, cache_key: str, cache_path: str | None) -> LLMResponse:
+    cache = caches.get(cache_path)
+    if cache is not None:
+        hit = cache.get(cache_key)
+        if hit is not None:
+            return LLMResponse(**{**hit, "from_cache": True})
+    response = await call_endpoint(ep, req)
+    if cache is not None:
+        cache.put(cache_key, {k: v for k, v in asdict(response).items() if k != "from_cache"})
+    return response
+
+
+async def serve(reader: asyncio.StreamReader, write) -> None:
+    """Answer calls from `reader` until it ends; `write(bytes)` sends an answer back."""
+    caches = _Caches()
+    running: set[asyncio.Task] = set()
+
+    async def answer(call_id: int, ep: Endpoint, req: LLMRequest, cache_key: str, cache_path: str | None) -> None:
+        try:
+            message = (call_id, True, await cached_call(caches, ep, req, cache_key, cache_path))
+        except BackendError as exc:
+            message = (call_id, False, str(exc))
+        except Exception as exc:  # anything else is a defect here: say what it was, keep serving the others
+            message = (call_id, False, f"model-call process: {type(exc).__name__}: {exc}")
+        write(encode(message))
+
+    while (message := await read_message(reader)) is not None:
+        if message[0] == "call":
+            task = asyncio.ensure_future(answer(*message[1:]))
+            running.add(task)
+            task.add_done_callback(running.discard)
+        elif message[0] == "close":
+            await close_clients(message[1])
+    await close_clients()
+
+
+def main() -> None:
+    # the answers go to the parent on the original stdout; anything else printed (a library's warning) goes to
+    # stderr, so it can never corrupt a frame
+    out = os.fdopen(os.dup(sys.stdout.fileno()), "wb", buffering=0)
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=2**26)
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin.buffer)
+        transport, _ = await loop.connect_write_pipe(asyncio.Protocol, out)
+        await serve(reader, transport.write)
+        transport.close()
+
+    asyncio.run(run())
+
+
+if __name__ == "__main__":
+    # run as the module's own name, not __main__, so what it pickles (LLMResponse) unpickles in the parent
+    from ragledger import llm_http
+
+    llm_http.main()
+
