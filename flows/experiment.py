@@ -9,6 +9,7 @@ vote and evaluate, and an identical rerun only reads cached results.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -307,6 +308,8 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
                 for c in cells:
                     if c.retriever == r:
                         generate(c, sid, 1)
+                if len(retrieved) == len(retrieve_params):  # the recall curve needs only retrievals: drawn meanwhile
+                    recall_curve.append(background.submit(recall_curve_for, dict(retrieved)))
                 if sid == shard_ids[0]:  # the model is busy now: the other shards' retrieval runs beside it
                     for later in shard_ids[1:]:
                         retrieve(r, later)
@@ -348,6 +351,15 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
             pipeline.submit("evaluate", evaluate_task, params, lambda result: evals.__setitem__((c.name, sid), result))
 
         shard_qids = dict(zip(shard_ids, shards, strict=True))
+        questions_df = store.read("questions", paths=[q_segment])
+        background = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ragledger-analysis")
+        recall_curve: list[concurrent.futures.Future] = []
+
+        def recall_curve_for(results: dict[tuple[str, str], StageResult]) -> list[str]:
+            by_retriever = {r: [results[(r, sid)].segment for sid in shard_ids] for r in spec.retrievers}
+            out_dir = Path(store_root) / "runs" / spec.name / f"recall-{stable_hash(by_retriever, q_segment, length=12)}"
+            return recall_curve_files(store, questions_df, by_retriever, out_dir)
+
         pipeline_stages = {"retrieve": len(retrieve_params), "generate": len(gen_keys),
                            "vote": len(cells) * len(shards), "evaluate": len(cells) * len(shards)}
         for stage, total in pipeline_stages.items():
@@ -356,7 +368,10 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
         # once, the first one finished after ~all of them: 1.5 s of an idle model on the P1 benchmark)
         for r in spec.retrievers if shard_ids else []:
             retrieve(r, shard_ids[0])
-        pipeline.run()
+        try:
+            pipeline.run()
+        finally:
+            background.shutdown(wait=True)
         stage_seconds.update(pipeline.stage_spans(list(pipeline_stages)))
 
     # metrics per cell, from the stored records of this run (timed from here: closing the endpoint is not a stage)
@@ -372,7 +387,6 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
     summary.flow_run_id = str(flow_run.id) if flow_run.id else None
     summary.root_flow_run_id = str(flow_run.root_flow_run_id) if flow_run.root_flow_run_id else None
     cell_segments: dict[str, dict[str, list[str]]] = {}
-    questions_df = store.read("questions", paths=[q_segment])
     for c in cells:
         segs = {
             "retrievals": [retrieved[(c.retriever, sid)].segment for sid in shard_ids],
@@ -398,9 +412,7 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
                  "questions_sampled": questions_sampled}
     if closed_book_dropped is not None:
         run_stats["closed_book_dropped"] = closed_book_dropped
-    by_retriever = {r: [retrieved[(r, sid)].segment for sid in shard_ids] for r in spec.retrievers}
-    analysis_dir = Path(store_root) / "runs" / spec.name / f"recall-{stable_hash(by_retriever, q_segment, length=12)}"
-    analysis_files = recall_curve_files(store, questions_df, by_retriever, analysis_dir)
+    analysis_files = recall_curve[0].result() if recall_curve else recall_curve_for(retrieved)
     table_dir = Path(store_root) / "runs" / spec.name / f"readers-{stable_hash(summary.cells, length=12)}"
     analysis_files += write_readers_table(readers_table(summary.cells), table_dir,
                                           f"{spec.name} — {summary.questions} questions")
