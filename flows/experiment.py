@@ -289,7 +289,8 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
                     gen_keys[(c.name, sid, rnd)] = upstream
         # the endpoint starts only if a generate task must run
         gen_url = endpoint.url() if not all(reusable(k) for k in gen_keys.values()) else endpoint.known_url()
-        stage_seconds: dict[str, float] = {"prepare": round(time.perf_counter() - started, 2)}  # incl. closed-book filter
+        # prepare includes the closed-book filter and, when a call must be made, the model endpoint's start
+        stage_seconds: dict[str, float] = {"prepare": round(time.perf_counter() - started, 2)}
 
         retrieved: dict[tuple[str, str], StageResult] = {}
         generations: dict[tuple[str, str], list[StageResult]] = {(c.name, sid): [] for c in cells for sid in shard_ids}
