@@ -57,28 +57,13 @@ class CallCounters:
 
 @dataclass
 class LLMClient:
-    base_url: str
-    model: str
+    endpoint: Endpoint  # where and how to call: sent to the model-call process with each call
     backend_identity: str
     cache: LLMCallCache | None
-    api_key: str = field(default="not-needed", repr=False)
-    concurrency: int = 4
-    timeout_s: float = 120.0
-    max_retries: int = 6
-    backoff_base_s: float = 0.5
-    backoff_max_s: float = 30.0
     counters: CallCounters = field(default_factory=CallCounters)
-    # the embedded backend serves log-probability calls from a second server (ragledger.embedded.Endpoints)
-    logprobs_base_url: str | None = None
-
-    def endpoint(self) -> Endpoint:
-        return Endpoint(base_url=self.base_url, model=self.model, api_key=self.api_key, concurrency=self.concurrency,
-                        timeout_s=self.timeout_s, max_retries=self.max_retries, backoff_base_s=self.backoff_base_s,
-                        backoff_max_s=self.backoff_max_s, logprobs_base_url=self.logprobs_base_url,
-                        unreachable_for_s=UNREACHABLE_FOR_S)
 
     def cache_key(self, req: LLMRequest) -> str:
-        return stable_hash("llm-call", self.backend_identity, self.model, asdict(req), length=40)
+        return stable_hash("llm-call", self.backend_identity, self.endpoint.model, asdict(req), length=40)
 
     async def complete(self, req: LLMRequest) -> LLMResponse:
         key = self.cache_key(req)
@@ -95,7 +80,7 @@ class LLMClient:
         _INFLIGHT[slot] = future
         try:
             cache_path = str(self.cache.path) if self.cache is not None else None
-            response = await _call_process(loop).call(self.endpoint(), req, key, cache_path)
+            response = await _call_process(loop).call(self.endpoint, req, key, cache_path)
         except asyncio.CancelledError:
             future.cancel()
             raise
@@ -175,13 +160,14 @@ class _CallProcess:
                     f"while {len(lost)} call(s) waited for it; its own error, if any, is above in stderr"))
 
     async def call(self, ep: Endpoint, req: LLMRequest, cache_key: str, cache_path: str | None) -> LLMResponse:
+        """Send one call; UNREACHABLE_FOR_S is read now, so a change to it applies to the next call."""
         proc = await self._ensure()
         assert proc.stdin is not None
         self._next_id += 1
         call_id = self._next_id
         future = asyncio.get_running_loop().create_future()
         self._pending[call_id] = future
-        proc.stdin.write(encode(("call", call_id, ep, req, cache_key, cache_path)))
+        proc.stdin.write(encode(("call", call_id, ep, req, cache_key, cache_path, UNREACHABLE_FOR_S)))
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # gone: _read_answers fails the call
             await proc.stdin.drain()
         return await future

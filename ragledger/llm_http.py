@@ -12,7 +12,8 @@ validating and writing records, scoring) held the GIL while the event loop's soc
 loop got the GIL late, so its 64 slots sat answered but unread. In its own process the loop's only work is the calls.
 
 Protocol (both ends ragledger's own): length-prefixed pickles. Parent -> child: ("call", id, Endpoint, LLMRequest,
-cache path or None) and ("close", base_url). Child -> parent: (id, True, LLMResponse) or (id, False, message).
+cache key, cache path or None, unreachable_for_s) and ("close", base_url). Child -> parent: (id, True, LLMResponse)
+or (id, False, message).
 A call is written to the call cache before its answer is sent, so a call that was answered is never asked again,
 whatever happens to either process afterwards.
 """
@@ -73,7 +74,6 @@ class Endpoint:
     backoff_max_s: float = 30.0
     # the embedded backend serves log-probability calls from a second server (ragledger.embedded.Endpoints)
     logprobs_base_url: str | None = None
-    unreachable_for_s: float = 60.0
 
 
 # ---- one call --------------------------------------------------------------------------------------------
@@ -106,20 +106,20 @@ def _openai(ep: Endpoint, url: str) -> Any:
                               http_client=openai.DefaultAioHttpClient(timeout=ep.timeout_s))
 
 
-async def call_endpoint(ep: Endpoint, req: LLMRequest) -> LLMResponse:
+async def call_endpoint(ep: Endpoint, req: LLMRequest, unreachable_for_s: float) -> LLMResponse:
     client, semaphore = _shared(ep, req.logprobs)
     async with semaphore:
-        return await _call_with_retries(ep, client, req)
+        return await _call_with_retries(ep, client, req, unreachable_for_s)
 
 
-async def _call_with_retries(ep: Endpoint, client: Any, req: LLMRequest) -> LLMResponse:
+async def _call_with_retries(ep: Endpoint, client: Any, req: LLMRequest, unreachable_for_s: float) -> LLMResponse:
     import openai
     from openai.types.chat import ChatCompletion
 
     url = str(client.base_url)
     last_error, transport_failure = "", False
     for attempt in range(ep.max_retries + 1):
-        _fail_if_unreachable(url, ep.unreachable_for_s)
+        _fail_if_unreachable(url, unreachable_for_s)
         started = time.perf_counter()
         try:
             result = await client.post("/chat/completions", body=_chat_body(ep.model, req), cast_to=ChatCompletion)
@@ -282,13 +282,14 @@ class _Caches:
         return self._open[path]
 
 
-async def cached_call(caches: _Caches, ep: Endpoint, req: LLMRequest, cache_key: str, cache_path: str | None) -> LLMResponse:
+async def cached_call(caches: _Caches, ep: Endpoint, req: LLMRequest, cache_key: str, cache_path: str | None,
+                      unreachable_for_s: float) -> LLMResponse:
     cache = caches.get(cache_path)
     if cache is not None:
         hit = cache.get(cache_key)
         if hit is not None:
             return LLMResponse(**{**hit, "from_cache": True})
-    response = await call_endpoint(ep, req)
+    response = await call_endpoint(ep, req, unreachable_for_s)
     if cache is not None:
         cache.put(cache_key, {k: v for k, v in asdict(response).items() if k != "from_cache"})
     return response
@@ -299,9 +300,10 @@ async def serve(reader: asyncio.StreamReader, write) -> None:
     caches = _Caches()
     running: set[asyncio.Task] = set()
 
-    async def answer(call_id: int, ep: Endpoint, req: LLMRequest, cache_key: str, cache_path: str | None) -> None:
+    async def answer(call_id: int, ep: Endpoint, req: LLMRequest, cache_key: str, cache_path: str | None,
+                     unreachable_for_s: float) -> None:
         try:
-            message = (call_id, True, await cached_call(caches, ep, req, cache_key, cache_path))
+            message = (call_id, True, await cached_call(caches, ep, req, cache_key, cache_path, unreachable_for_s))
         except BackendError as exc:
             message = (call_id, False, str(exc))
         except Exception as exc:  # anything else is a defect here: say what it was, keep serving the others

@@ -18,6 +18,7 @@ from prefect import task
 
 from ragledger.datasets import load_corpus
 from ragledger.llm import LLMClient, api_key_from_env
+from ragledger.llm_http import Endpoint
 from schemas.spec import ExperimentSpec
 from tasks.retrievers import Corpus, Retriever, parse_retriever
 from tracking.events import EventStore
@@ -92,17 +93,17 @@ def backend_identity(spec: ExperimentSpec, base_url: str) -> str:
 
 
 def llm_client_for(spec: ExperimentSpec, base_url: str, store_root: str, logprobs_base_url: str | None = None) -> LLMClient:
-    return LLMClient(
+    endpoint = Endpoint(
         base_url=base_url,
         logprobs_base_url=logprobs_base_url,
         model=spec.model.embedded_model if spec.model.backend == "embedded" else spec.model.name,
-        backend_identity=backend_identity(spec, base_url),
-        cache=_llm_cache(str(Path(store_root).resolve() / "llm_cache.sqlite")),
         api_key=api_key_from_env(spec.model.api_key_env) if spec.model.backend == "openai" else "not-needed",
         concurrency=process_concurrency(spec.model.concurrency),
         timeout_s=spec.model.timeout_s,
         max_retries=spec.model.max_retries,
     )
+    return LLMClient(endpoint, backend_identity(spec, base_url),
+                     cache=_llm_cache(str(Path(store_root).resolve() / "llm_cache.sqlite")))
 
 
 # Set in the worker processes of a local Dask cluster (flows.experiment.task_runner_for): how many processes

@@ -3,6 +3,7 @@
 import pytest
 
 from ragledger.llm import BackendError, LLMClient, LLMRequest, run_on_engine
+from ragledger.llm_http import Endpoint
 from tests.fakes.openai_server import Faults, ScriptedServer
 from tracking.llm_cache import LLMCallCache
 
@@ -13,8 +14,8 @@ def req(prompt="Q: capital of France?", **kw):
 
 
 def client(server, cache=None, **kw):
-    return LLMClient(base_url=server.base_url, model="scripted", backend_identity="fake", cache=cache,
-                     backoff_base_s=0.01, backoff_max_s=0.05, **kw)
+    endpoint = Endpoint(base_url=server.base_url, model="scripted", backoff_base_s=0.01, backoff_max_s=0.05, **kw)
+    return LLMClient(endpoint, backend_identity="fake", cache=cache)
 
 
 def test_cache_makes_identical_calls_once(tmp_path):
@@ -49,7 +50,7 @@ def test_cache_key_covers_everything_that_changes_the_answer():
         for change in (dict(prompt="other"), dict(system="other"), dict(temperature=0.7), dict(top_p=0.9),
                        dict(max_tokens=9), dict(seed=1), dict(sample_index=1), dict(logprobs=True)):
             assert c.cache_key(req(**change)) != base, change
-        other_backend = LLMClient(base_url=server.base_url, model="scripted", backend_identity="other", cache=None)
+        other_backend = LLMClient(Endpoint(server.base_url, "scripted"), backend_identity="other", cache=None)
         assert other_backend.cache_key(req()) != base
 
 
@@ -85,7 +86,7 @@ def test_retry_after_is_honoured():
 
 def test_client_errors_are_not_retried():
     with ScriptedServer() as server:
-        c = LLMClient(base_url=server.base_url.replace("/v1", "/nope"), model="m", backend_identity="x", cache=None)
+        c = LLMClient(Endpoint(server.base_url.replace("/v1", "/nope"), "m"), backend_identity="x", cache=None)
         with pytest.raises(BackendError, match="HTTP 404"):
             run_on_engine(c.complete(req()))
 
@@ -93,8 +94,8 @@ def test_client_errors_are_not_retried():
 def test_backend_down_fails_within_bounded_time():
     import time
 
-    c = LLMClient(base_url="http://127.0.0.1:9/v1", model="m", backend_identity="x", cache=None, max_retries=2,
-                  backoff_base_s=0.01, backoff_max_s=0.02, timeout_s=2)
+    c = LLMClient(Endpoint("http://127.0.0.1:9/v1", "m", max_retries=2, backoff_base_s=0.01, backoff_max_s=0.02,
+                           timeout_s=2), backend_identity="x", cache=None)
     t = time.perf_counter()
     with pytest.raises(BackendError, match="APIConnectionError"):
         run_on_engine(c.complete(req()))
@@ -181,8 +182,8 @@ def test_an_endpoint_found_down_fails_the_queued_calls_at_once(monkeypatch):
     with socket.socket() as s:  # a port that nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    dead = LLMClient(base_url=f"http://127.0.0.1:{port}/v1", model="m", backend_identity="fake", cache=None,
-                     backoff_base_s=0.01, backoff_max_s=0.02, max_retries=3, concurrency=1)
+    dead = LLMClient(Endpoint(f"http://127.0.0.1:{port}/v1", "m", backoff_base_s=0.01, backoff_max_s=0.02, max_retries=3,
+                              concurrency=1), backend_identity="fake", cache=None)
 
     async def queued():
         return await asyncio.gather(*(dead.complete(req(prompt=f"q{i}")) for i in range(6)), return_exceptions=True)
@@ -260,8 +261,9 @@ def test_the_model_call_process_ends_with_the_process_that_started_it(tmp_path):
     with ScriptedServer() as server:
         script = (
             "from ragledger.llm import LLMClient, LLMRequest, run_on_engine\n"
+            "from ragledger.llm_http import Endpoint\n"
             "from tests.test_llm_client import _call_process_pid\n"
-            f"c = LLMClient(base_url={server.base_url!r}, model='m', backend_identity='x', cache=None)\n"
+            f"c = LLMClient(Endpoint({server.base_url!r}, 'm'), backend_identity='x', cache=None)\n"
             "run_on_engine(c.complete(LLMRequest('s', 'Q: who?', 0.0, 1.0, 8, 0)))\n"
             "print(_call_process_pid(), flush=True)\n"
             "import time; time.sleep(120)\n"
