@@ -165,21 +165,6 @@ def recall_curve_files(store: EventStore, questions_df, segments: dict[str, list
     return [str(f) for f in files]
 
 
-def _resolve(future_or_result) -> StageResult:
-    return future_or_result.result() if hasattr(future_or_result, "result") else future_or_result
-
-
-def _checked(task_obj, results: list, params_list: list[dict]) -> list[StageResult]:
-    """Results whose segment vanished (store deleted under a warm Prefect cache) are recomputed."""
-    out = []
-    for res, params in zip(results, params_list, strict=True):
-        r = _resolve(res)
-        if not r.segment_exists():
-            r = task_obj.with_options(refresh_cache=True)(**params)
-        out.append(r)
-    return out
-
-
 @flow(name="ragledger-experiment", version=FLOW_VERSION)
 def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None = None, base_url: str | None = None) -> dict:
     started = time.perf_counter()
@@ -230,7 +215,7 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
 
     def reusable(key: str) -> bool:
         """A persisted stage result whose segment is still in the store: that task will not run (a vanished
-        segment makes _checked re-run it, and it may need the model)."""
+        segment makes the pipeline re-run it, and it may need the model)."""
         try:
             return task_results.read(key).result.segment_exists()
         except Exception:  # nothing persisted under this key (or unreadable): the task runs
@@ -251,10 +236,13 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
                 url = endpoint.known_url() if reusable(key) else endpoint.url()
                 filter_params.append(dict(spec_dict=spec_dict, store_root=store_root, questions_segment=q_segment, base_url=url,
                                           qids=s, stage_key=key, run_token=run_token))
-            filtered = _checked(closed_book_filter_task, [closed_book_filter_task.submit(**p) for p in filter_params],
-                                filter_params)
-            account(filtered)
-            filter_segments = [r.segment for r in filtered if r.segment]
+            filtered: dict[int, StageResult] = {}
+            filter_run = Pipeline(on_result=lambda stage, result: account([result]))
+            for i, p in enumerate(filter_params):
+                filter_run.submit("closed-book filter", closed_book_filter_task, p,
+                                  lambda result, i=i: filtered.__setitem__(i, result))
+            filter_run.run()
+            filter_segments = [filtered[i].segment for i in range(len(filter_params)) if filtered[i].segment]
             correct = answered_closed_book(store.read("questions", paths=[q_segment]),
                                            store.read("generations", paths=filter_segments))
             closed_book_dropped = len(correct)
