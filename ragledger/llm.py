@@ -5,7 +5,7 @@ adds the content-addressed call cache, bounded concurrency, and bounded retries 
 backoff, jitter and Retry-After. Backends that ignore `n` are handled by callers asking for one
 sample per request, each with its own `sample_index` (and seed).
 
-The calls themselves are made in the model-call process (`ragledger.llm_http`, which says why), started on the
+The calls themselves are made in model-call processes (`ragledger.llm_http`, which says why), started on the
 first call by this process's engine loop; this side keeps what belongs to a run: the call's cache key, identical
 calls in flight asked once, and the counters a stage reports.
 """
@@ -35,6 +35,17 @@ __all__ = ["BackendError", "CallCounters", "LLMClient", "LLMRequest", "LLMRespon
 REPO_ROOT = str(Path(__file__).resolve().parents[1])  # the model-call process imports ragledger and tracking from here
 # calls to an endpoint that a call gave up on for a transport failure fail at once for this long (ragledger.llm_http)
 UNREACHABLE_FOR_S = 60.0
+# One model-call process per this many requests in flight, and at most one per core. One process's CPU per
+# request (~0.7 ms in the openai client) bounds it at hundreds of requests a second: answers arrive in waves and
+# wait for each other. P1 (10,000 calls, 64 in flight, 100 ms each): the flow took 19.5 s with one process and
+# 18.2-18.5 s with two (README, "Performance").
+REQUESTS_PER_CALL_PROCESS = 32
+MAX_CALL_PROCESSES = os.cpu_count() or 1
+
+
+def call_processes_for(concurrency: int) -> int:
+    """How many model-call processes share an endpoint whose bound is `concurrency` requests in flight."""
+    return max(1, min(MAX_CALL_PROCESSES, concurrency // REQUESTS_PER_CALL_PROCESS))
 
 
 @dataclass
@@ -80,7 +91,7 @@ class LLMClient:
         _INFLIGHT[slot] = future
         try:
             cache_path = str(self.cache.path) if self.cache is not None else None
-            response = await _call_process(loop).call(self.endpoint, req, key, cache_path)
+            response = await _call_processes(loop).call(self.endpoint, req, key, cache_path)
         except asyncio.CancelledError:
             future.cancel()
             raise
@@ -107,7 +118,7 @@ class LLMClient:
 # them share one connection pool and one concurrency bound per endpoint (the embedded server answers one request
 # at a time; a vLLM server wants a steady, bounded stream).
 _INFLIGHT: dict[tuple[int, str], asyncio.Future] = {}  # (event loop, call cache key) -> its pending response
-_PROCESSES: dict[int, _CallProcess] = {}  # event loop -> its model-call process
+_PROCESSES: dict[int, _CallProcesses] = {}  # event loop -> its model-call processes
 _engine_loop: asyncio.AbstractEventLoop | None = None
 _engine_lock = threading.Lock()
 
@@ -123,6 +134,7 @@ class _CallProcess:
         self._pending: dict[int, asyncio.Future] = {}
         self._next_id = 0
         self._reader: asyncio.Future | None = None
+        self.outstanding = 0  # calls sent (or about to be) and not yet answered: how busy this process is
 
     async def _ensure(self) -> asyncio.subprocess.Process:
         if self._starting is None:
@@ -161,16 +173,20 @@ class _CallProcess:
 
     async def call(self, ep: Endpoint, req: LLMRequest, cache_key: str, cache_path: str | None) -> LLMResponse:
         """Send one call; UNREACHABLE_FOR_S is read now, so a change to it applies to the next call."""
-        proc = await self._ensure()
-        assert proc.stdin is not None
-        self._next_id += 1
-        call_id = self._next_id
-        future = asyncio.get_running_loop().create_future()
-        self._pending[call_id] = future
-        proc.stdin.write(encode(("call", call_id, ep, req, cache_key, cache_path, UNREACHABLE_FOR_S)))
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # gone: _read_answers fails the call
-            await proc.stdin.drain()
-        return await future
+        self.outstanding += 1  # before the first await: the next call's choice of process already sees it
+        try:
+            proc = await self._ensure()
+            assert proc.stdin is not None
+            self._next_id += 1
+            call_id = self._next_id
+            future = asyncio.get_running_loop().create_future()
+            self._pending[call_id] = future
+            proc.stdin.write(encode(("call", call_id, ep, req, cache_key, cache_path, UNREACHABLE_FOR_S)))
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # gone: _read_answers fails the call
+                await proc.stdin.drain()
+            return await future
+        finally:
+            self.outstanding -= 1
 
     async def close_clients(self, base_url: str | None) -> None:
         if self._proc is not None and self._proc.returncode is None and self._proc.stdin is not None:
@@ -179,8 +195,37 @@ class _CallProcess:
                 await self._proc.stdin.drain()
 
 
-def _call_process(loop: asyncio.AbstractEventLoop) -> _CallProcess:
-    return _PROCESSES.setdefault(id(loop), _CallProcess())
+class _CallProcesses:
+    """One event loop's model-call processes. An endpoint that may have n of them (`call_processes_for`) has its
+    calls spread over the first n: each call goes to the one with the fewest calls outstanding, and each process
+    bounds its share of the endpoint's concurrency, so the shares add up to `Endpoint.concurrency`."""
+
+    def __init__(self) -> None:
+        self.processes: list[_CallProcess] = []
+        self._shares: dict[tuple[Endpoint, int, int], Endpoint] = {}
+
+    async def call(self, ep: Endpoint, req: LLMRequest, cache_key: str, cache_path: str | None) -> LLMResponse:
+        n = call_processes_for(ep.concurrency)
+        while len(self.processes) < n:
+            self.processes.append(_CallProcess())
+        i = min(range(n), key=lambda j: self.processes[j].outstanding)
+        return await self.processes[i].call(self._share(ep, i, n), req, cache_key, cache_path)
+
+    def _share(self, ep: Endpoint, i: int, n: int) -> Endpoint:
+        """The endpoint as process i of n bounds it: its share of the concurrency (the first ones take the rest)."""
+        if n == 1:
+            return ep
+        if (ep, i, n) not in self._shares:
+            share = ep.concurrency // n + (1 if i < ep.concurrency % n else 0)
+            self._shares[(ep, i, n)] = replace(ep, concurrency=share)
+        return self._shares[(ep, i, n)]
+
+    async def close_clients(self, base_url: str | None) -> None:
+        await asyncio.gather(*(p.close_clients(base_url) for p in self.processes))
+
+
+def _call_processes(loop: asyncio.AbstractEventLoop) -> _CallProcesses:
+    return _PROCESSES.setdefault(id(loop), _CallProcesses())
 
 
 def _engine() -> asyncio.AbstractEventLoop:
@@ -194,7 +239,7 @@ def _engine() -> asyncio.AbstractEventLoop:
 
 
 def close_clients(base_url: str | None = None) -> None:
-    """Close the model-call process's HTTP clients of one endpoint (an embedded server that stopped) or of all
+    """Close the model-call processes' HTTP clients of one endpoint (an embedded server that stopped) or of all
     (process exit): each holds an aiohttp session, and a long-lived process (a schedule server) would otherwise
     keep one per finished run's endpoint."""
     loop = _engine_loop

@@ -1,10 +1,11 @@
-"""How one model call reaches an OpenAI-compatible endpoint, and the process that makes them all.
+"""How one model call reaches an OpenAI-compatible endpoint, and the processes that make them.
 
 `call_endpoint` sends one chat completion with the `openai` client (aiohttp transport): bounded concurrency per
 endpoint, bounded retries with exponential backoff, jitter and Retry-After, and a breaker that fails queued calls
-at once after a transport give-up. It runs in the **model-call process** (`python -m ragledger.llm_http`), a child
+at once after a transport give-up. It runs in a **model-call process** (`python -m ragledger.llm_http`), a child
 of each ragledger process that makes calls (the CLI's, a Dask worker's), which `ragledger.llm` feeds through a
-pipe.
+pipe. A process whose endpoint allows many requests in flight starts more than one (`llm.call_processes_for`);
+each bounds its share of the endpoint's concurrency.
 
 Why a process of its own: stage tasks run in threads of the flow's process, and their CPU work (planning prompts,
 validating and writing records, scoring) held the GIL while the event loop's sockets waited. On the P1 benchmark

@@ -217,11 +217,43 @@ def test_a_server_answering_errors_is_not_marked_unreachable():
 
 # ---- the model-call process (ragledger.llm_http) --------------------------------------------------------------
 
-def _call_process_pid() -> int:
+def _call_process_pids() -> list[int]:
     from ragledger import llm
 
-    (process,) = [p for p in llm._PROCESSES.values() if p._proc is not None and p._proc.returncode is None]
-    return process._proc.pid
+    return [p._proc.pid for pool in llm._PROCESSES.values() for p in pool.processes
+            if p._proc is not None and p._proc.returncode is None]
+
+
+def _call_process_pid() -> int:
+    """The first model-call process: the one every endpoint with a small concurrency bound uses."""
+    from ragledger import llm
+
+    (pool,) = [llm._PROCESSES[id(llm._engine_loop)]]
+    proc = pool.processes[0]._proc
+    assert proc is not None and proc.returncode is None
+    return proc.pid
+
+
+def test_an_endpoint_allowing_many_requests_in_flight_spreads_them_over_processes_under_one_bound(monkeypatch):
+    """64 in flight: two model-call processes, 32 each (REQUESTS_PER_CALL_PROCESS), so together never more than
+    the endpoint's bound, and both used."""
+    import asyncio
+
+    from ragledger import llm
+
+    monkeypatch.setattr(llm, "MAX_CALL_PROCESSES", 2)  # as on a 2-core machine, whatever this one has
+    assert [llm.call_processes_for(c) for c in (1, 4, 31, 32, 63, 64, 65, 256)] == [1, 1, 1, 1, 1, 2, 2, 2]
+    with ScriptedServer(answer=lambda s, p, b: p.upper(), delay_s=0.1) as server:
+        c = client(server, concurrency=65)
+
+        async def many():
+            return await asyncio.gather(*(c.complete(req(prompt=f"q{i}")) for i in range(400)))
+
+        answers = run_on_engine(many())
+        assert [a.text for a in answers] == [f"Q{i}" for i in range(400)]
+        assert 34 <= server.max_in_flight <= 65, server.max_in_flight  # more than the first share (33): both ran
+        assert server.calls == 400 and c.counters.calls == 400
+        assert len(set(_call_process_pids())) >= 2
 
 
 def test_calls_in_flight_when_the_model_call_process_dies_fail_by_name_and_the_next_call_starts_a_new_one():
