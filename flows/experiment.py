@@ -254,8 +254,10 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
         # Every key is known up front (chained from upstream keys); the tasks run as a pipeline: each is submitted when
         # its upstream result is in, so early shards vote and evaluate while later shards still generate
         retrieve_params = {}
+        lone_retrieval: dict[str, bool] = {}  # retriever -> its shards are retrieved one at a time
         for r in spec.retrievers:
             retriever = parse_retriever(r)
+            lone_retrieval[r] = not retriever.needs_llm
             code = retriever.code_version
             for sid, s in zip(shard_ids, shards, strict=True):
                 key = stable_hash("retrieve", FLOW_VERSION, dataset_key, corpus_hash, r, code, sid,
@@ -299,7 +301,14 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
                         generate(c, sid, 1)
                 if len(retrieved) == len(retrieve_params):  # the recall curve needs only retrievals: drawn meanwhile
                     recall_curve.append(background.submit(recall_curve_for, dict(retrieved)))
-                if sid == shard_ids[0]:  # the model is busy now: the other shards' retrieval runs beside it
+                # the model is busy now: the other shards are retrieved beside it, one after another (all at once,
+                # their search threads took both cores from the model calls for ~2 s on the P1 benchmark), except
+                # for a retriever that calls the model itself, whose shards fill its concurrency together
+                i = shard_ids.index(sid)
+                if lone_retrieval[r]:
+                    if i + 1 < len(shard_ids):
+                        retrieve(r, shard_ids[i + 1])
+                elif i == 0:
                     for later in shard_ids[1:]:
                         retrieve(r, later)
 
