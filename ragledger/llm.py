@@ -19,7 +19,7 @@ import os
 import sys
 import threading
 from collections.abc import Coroutine
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -48,6 +48,9 @@ def call_processes_for(concurrency: int) -> int:
     return max(1, min(MAX_CALL_PROCESSES, concurrency // REQUESTS_PER_CALL_PROCESS))
 
 
+_REQUEST_FIELDS = tuple(f.name for f in fields(LLMRequest))
+
+
 @dataclass
 class CallCounters:
     calls: int = 0
@@ -73,8 +76,17 @@ class LLMClient:
     cache: LLMCallCache | None
     counters: CallCounters = field(default_factory=CallCounters)
 
+    # the keys this client computed, by request: each is asked for twice (the call, then its generation record)
+    _keys: dict[LLMRequest, str] = field(default_factory=dict, repr=False)
+
     def cache_key(self, req: LLMRequest) -> str:
-        return stable_hash("llm-call", self.backend_identity, self.endpoint.model, asdict(req), length=40)
+        key = self._keys.get(req)
+        if key is None:
+            # the fields by name, as dataclasses.asdict gives them (same key), without its 6 us deep copy: this
+            # runs on the engine loop once per call
+            request = {name: getattr(req, name) for name in _REQUEST_FIELDS}
+            key = self._keys[req] = stable_hash("llm-call", self.backend_identity, self.endpoint.model, request, length=40)
+        return key
 
     async def complete(self, req: LLMRequest) -> LLMResponse:
         key = self.cache_key(req)

@@ -47,6 +47,12 @@ def test_cache_key_covers_everything_that_changes_the_answer():
         c = client(server)
         base = c.cache_key(req())
         assert c.cache_key(req()) == base
+        # the key every existing call cache holds (a different one would orphan them all)
+        from dataclasses import asdict
+
+        from tracking.events import stable_hash
+
+        assert base == stable_hash("llm-call", "fake", "scripted", asdict(req()), length=40)
         for change in (dict(prompt="other"), dict(system="other"), dict(temperature=0.7), dict(top_p=0.9),
                        dict(max_tokens=9), dict(seed=1), dict(sample_index=1), dict(logprobs=True)):
             assert c.cache_key(req(**change)) != base, change
