@@ -7,6 +7,7 @@ checked against it. Unknown detection and `has_answer` follow the project's defi
 
 from __future__ import annotations
 
+import functools
 import re
 import string
 from collections import Counter
@@ -106,6 +107,18 @@ def normalized_context(text: str) -> NormalizedContext:
     if isinstance(text, NormalizedContext):
         return text
     return NormalizedContext(f" {normalize_answer(text)} ")
+
+
+@functools.lru_cache(maxsize=2**15)
+def _normalized_passage(text: str) -> str:
+    return normalize_answer(text)
+
+
+def normalized_passages(texts: Iterable[str]) -> NormalizedContext:
+    """`normalized_context` of the passages joined by blank lines, with each passage normalized once per process:
+    a passage recurs across questions, and every reader cell of a retriever checks the same contexts. The same
+    string: normalization never joins or splits tokens across the whitespace between passages."""
+    return NormalizedContext(f" {' '.join(p for p in map(_normalized_passage, texts) if p)} ")
 
 
 def _contains(padded_haystack: str, normalized_needle: str) -> bool:

@@ -12,7 +12,15 @@ from typing import Any
 
 import pandas as pd
 
-from ragledger.answers import contains_token_sequence, em_score, f1_score, has_answer, is_unknown, normalized_context
+from ragledger.answers import (
+    contains_token_sequence,
+    em_score,
+    f1_score,
+    has_answer,
+    is_unknown,
+    normalized_context,
+    normalized_passages,
+)
 from tasks.context import StageResult, cell_name, read_questions, spec_from, stage_task, store_from
 from tasks.readers import get_reader
 from tasks.retrieve import passages_by_question
@@ -47,7 +55,7 @@ def outcome_rows(
 ) -> list[dict[str, Any]]:
     answers = {r.qid: list(r.answers) for r in questions.itertuples()}
     feedback = feedback_contexts(questions, generations, feedback_documents)
-    contexts = {qid: "\n\n".join(t for _, t in ps) for qid, ps in passages_by_question(retrievals).items()}
+    contexts = {qid: normalized_passages(t for _, t in ps) for qid, ps in passages_by_question(retrievals).items()}
     usage = generations.groupby("qid")[["tokens_in", "tokens_out"]].sum() if not generations.empty else None
     calls = generations.groupby("qid").size() if not generations.empty else None
     votes = votes[votes["qid"].isin(answers)]
@@ -66,7 +74,7 @@ def outcome_rows(
     rows = []
     for i, v in enumerate(votes.itertuples()):
         golds = answers[v.qid]
-        context = normalized_context(contexts.get(v.qid, ""))  # once for both checks below
+        context = contexts.get(v.qid) or normalized_context("")  # normalized once for both checks below
         pred = v.chosen
         em = em_score(pred, golds)
         unknown = is_unknown(pred)

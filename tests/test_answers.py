@@ -83,3 +83,23 @@ def test_a_context_normalized_once_gives_the_same_checks_as_the_raw_text():
     for needle in ("levis stadium", "Santa Clara", "Super Bowl 51", "beat the Panthers", ""):
         assert contains_token_sequence(once, needle) == contains_token_sequence(context, needle), needle
     assert has_answer(once, ["levi's stadium"]) and not has_answer(once, ["Carolina"])
+
+
+def test_passages_normalized_one_by_one_give_the_joined_context_normalized_whole():
+    """evaluate normalizes each retrieved passage once per process (`normalized_passages`); the result must be
+    the string `normalized_context` gives for the passages joined by blank lines, or gold/prediction-in-context
+    (and so the error decomposition) would change. Real SQuAD paragraphs, plus edges: empty and
+    punctuation-only passages, articles and punctuation at a passage's ends, non-ASCII dashes."""
+    import random
+
+    from ragledger.answers import normalized_context, normalized_passages
+    from ragledger.datasets import load_squad_corpus
+
+    texts = list(load_squad_corpus(["squad/dev-v1.1.json.gz"])["text"])
+    edges = ["", "...", "The", "the end, the", "—the— A. an", "  An apple ", "Ωmega—the", "\n\n", "a"]
+    rng = random.Random(0)
+    for _ in range(400):
+        group = rng.sample(texts, rng.randint(0, 6)) + rng.sample(edges, rng.randint(0, 3))
+        rng.shuffle(group)
+        assert normalized_passages(group) == normalized_context("\n\n".join(group)), group
+        assert normalized_passages(iter(group)) == normalized_passages(group)  # a generator, as evaluate passes
