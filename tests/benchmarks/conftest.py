@@ -11,15 +11,6 @@ from pathlib import Path
 import pytest
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmark-results"
-ORDER = ["test_analysis_bench.py", "test_flow_throughput.py"]  # then the rest, as collected
-
-
-def pytest_collection_modifyitems(session, config, items):
-    """Order: the analysis benchmark first, as its memory figure is the process's peak RSS (a process that has
-    done nothing else); then the flow throughput benchmarks (P1, P2), before the BM25 one: run after it (which
-    searches a second Lucene index in the same JVM), the P1 flow once measured 18.9 s with a 0.73 s prepare stage,
-    against 18.0-18.5 s with a 0.08 s one before it. The rest as collected."""
-    items.sort(key=lambda item: ORDER.index(item.path.name) if item.path.name in ORDER else len(ORDER))  # stable
 
 
 @pytest.fixture(scope="module")
