@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from ragledger.answers import has_answer
+from ragledger.answers import has_answer, normalized_passages
 from ragledger.datasets import load_questions, sample_questions
 from schemas.spec import ExperimentSpec
 from tasks.context import retriever_for
@@ -29,7 +29,7 @@ def retrieval_recall(spec: ExperimentSpec, store_root: str, log=print, batch: in
         for i in range(0, len(questions), batch):
             hits.update(retriever.retrieve([Query(q.qid, q.question) for q in questions[i : i + batch]]))
         seconds = time.perf_counter() - started
-        found = [has_answer("\n\n".join(h.text for h in hits.get(q.qid, [])), q.answers) for q in questions]
+        found = [has_answer(normalized_passages(h.text for h in hits.get(q.qid, [])), q.answers) for q in questions]
         with_gold = [q for q in questions if q.gold_pids]
         gold = [bool(set(q.gold_pids) & {h.pid for h in hits.get(q.qid, [])}) for q in with_gold]
         rows.append({
