@@ -252,13 +252,16 @@ def test_an_endpoint_allowing_many_requests_in_flight_spreads_them_over_processe
     with ScriptedServer(answer=lambda s, p, b: p.upper(), delay_s=0.1) as server:
         c = client(server, concurrency=65)
 
-        async def many():
-            return await asyncio.gather(*(c.complete(req(prompt=f"q{i}")) for i in range(400)))
+        async def many(n: int, tag: str):
+            return await asyncio.gather(*(c.complete(req(prompt=f"{tag}{i}")) for i in range(n)))
 
-        answers = run_on_engine(many())
+        # two calls at once start both processes (the second goes to the one with fewer outstanding): the burst
+        # below then cannot finish on the first before the second has started, however slow a start is
+        assert [a.text for a in run_on_engine(many(2, "w"))] == ["W0", "W1"]
+        answers = run_on_engine(many(400, "q"))
         assert [a.text for a in answers] == [f"Q{i}" for i in range(400)]
         assert 34 <= server.max_in_flight <= 65, server.max_in_flight  # more than the first share (33): both ran
-        assert server.calls == 400 and c.counters.calls == 400
+        assert server.calls == 402 and c.counters.calls == 402
         assert len(set(_call_process_pids())) >= 2
 
 
