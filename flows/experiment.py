@@ -396,9 +396,10 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
         cell_segments[c.name] = {**segs, "questions": [q_segment]}
         summary.cells[c.name] = cached_cell_metrics(
             Path(store_root) / PROJECTIONS_DIR / "metrics",
-            stable_hash(METRICS_VERSION, segs["outcomes"], segs["retrievals"], q_segment),
+            stable_hash(METRICS_VERSION, segs["outcomes"], segs["retrievals"], segs["generations"], q_segment),
             lambda segs=segs: cell_metrics(store.read("outcomes", paths=segs["outcomes"]),
-                                           store.read("retrievals", paths=segs["retrievals"]), questions_df))
+                                           store.read("retrievals", paths=segs["retrievals"]), questions_df,
+                                           store.read("generations", paths=segs["generations"])))
 
     summary.llm_calls, summary.cache_hits, summary.retries = counters["llm_calls"], counters["cache_hits"], counters["retries"]
     summary.tasks_total, summary.tasks_from_cache = tasks_total, tasks_cached

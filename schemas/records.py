@@ -122,8 +122,14 @@ class OutcomeRecord(EventColumns):
     f1: Series[float] = pa.Field(ge=0, le=1)
     semantic_match: Series[float] = pa.Field(nullable=True)
     is_unknown: Series[bool]
+    # a gold answer occurs in the context the reader saw in its final round (seed 002's decomposition): the
+    # cell's retrieval, or the feedback documents of a strategy that retrieves its own (REFEED)
     gold_in_context: Series[bool]
+    # the answer pool (the vote's candidates, or the one answer) holds a correct answer (seed 001's %NM);
+    # null in segments written before a single answer counted as a one-answer pool
     pool_has_correct: Series[bool] = pa.Field(nullable=True)
+    # a gold answer occurs in the cell's own retrieval (Recall@k). Optional: older segments read it as null
+    gold_in_retrieval: Optional[Series[bool]] = pa.Field(nullable=True)  # noqa: UP045 (pandera needs Optional here)
     # a gold answer occurs in the feedback documents the strategy retrieved itself (REFEED's refine call: Q+A, or
     # Q+A1..An with MODULE-1); null for strategies without feedback retrieval. Optional: segments written before
     # the column existed stay valid and read it as null.

@@ -1,13 +1,20 @@
 """Stage 4 — evaluate: score each vote against the gold answers and classify its error (seed 002).
 
-Error types (DESIGN.md): RE = gold not in the reader's context. Correct (EM) with RE is a lucky
+Error types (seed 002 §4): RE = gold not in the reader's context. Correct (EM) with RE is a lucky
 guess; an "unknown" answer is an abstention; wrong with RE is a retrieval failure; wrong without
 RE is an extraction error when the prediction occurs in the context, else a hallucination error.
+
+"The reader's context" is what the reader read in its final round: the cell's retrieval, except for a
+strategy that retrieves its own feedback documents (REFEED's refine step reads the question+answer
+retrieval), where it is those documents. `gold_in_retrieval` keeps the cell's retrieval apart for Recall@k.
+
+The answer pool (seed 001's %NM): the vote's candidates; a single answer is a one-answer pool, so a
+single-answer reader never counts as "not majority".
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pandas as pd
@@ -26,7 +33,7 @@ from tasks.readers import get_reader
 from tasks.retrieve import passages_by_question
 from tracking.events import event_id, new_events
 
-EVALUATE_VERSION = "eval-2"  # eval-2: gold_in_feedback
+EVALUATE_VERSION = "eval-3"  # eval-3: final-round context, gold_in_retrieval, one-answer pools
 
 
 def error_type(correct: bool, unknown: bool, gold_in_context: bool, prediction_in_context: bool) -> str:
@@ -74,13 +81,13 @@ def outcome_rows(
     rows = []
     for i, v in enumerate(votes.itertuples()):
         golds = answers[v.qid]
-        context = contexts.get(v.qid) or normalized_context("")  # normalized once for both checks below
+        retrieved = contexts.get(v.qid) or normalized_context("")  # normalized once for every check below
+        # the context the reader saw in its final round (seed 002's decomposition): its feedback documents, if any
+        context = normalized_context(feedback[v.qid]) if v.qid in feedback else retrieved
         pred = v.chosen
         em = em_score(pred, golds)
         unknown = is_unknown(pred)
         gic = has_answer(context, golds)
-        pool = [c for c in v.candidates]
-        pool_has_correct = any(em_score(c, golds) == 1.0 for c in pool) if v.method != "single" else None
         rows.append(
             {
                 "event_id": event_id("outcomes", experiment, stage_key, v.qid),
@@ -95,8 +102,9 @@ def outcome_rows(
                 "semantic_match": (None if sims is None else float((em == 1.0 or sims[i]) and not unknown)),
                 "is_unknown": unknown,
                 "gold_in_context": gic,
-                "pool_has_correct": pool_has_correct,
-                "gold_in_feedback": has_answer(feedback[v.qid], golds) if v.qid in feedback else None,
+                "gold_in_retrieval": gic if context is retrieved else has_answer(retrieved, golds),
+                "pool_has_correct": pool_has_correct(v.candidates, pred, golds),
+                "gold_in_feedback": gic if v.qid in feedback else None,
                 "error_type": error_type(em == 1.0, unknown, gic, (not unknown) and contains_token_sequence(context, pred)),
                 "tokens_in": int(usage.loc[v.qid, "tokens_in"]) if usage is not None and v.qid in usage.index else 0,
                 "tokens_out": int(usage.loc[v.qid, "tokens_out"]) if usage is not None and v.qid in usage.index else 0,
@@ -104,6 +112,12 @@ def outcome_rows(
             }
         )
     return rows
+
+
+def pool_has_correct(candidates: Sequence[str], chosen: str, golds: list[str]) -> bool:
+    """Whether the answer pool the vote chose from holds a correct answer (EM); without candidates the pool is
+    the chosen answer alone."""
+    return any(em_score(c, golds) == 1.0 for c in (candidates if len(candidates) else [chosen]))
 
 
 def feedback_contexts(questions: pd.DataFrame, generations: pd.DataFrame,

@@ -320,9 +320,9 @@ def test_reader_entries_accept_names_and_settings():
         parse_spec({"name": "t", "retrievers": ["bm25@5"], "readers": [{"name": "nope"}]})
 
 
-# ---- %NM: only when the pool holds a correct answer and the vote picks a wrong one ----------------
+# ---- %NM (seed 001): over all questions; a single answer is a one-answer pool -------------------------
 
-def test_nm_counts_only_pools_with_a_correct_answer_and_a_wrong_pick():
+def test_nm_is_a_rate_over_all_questions_and_a_single_answer_is_a_one_answer_pool():
     from tasks.evaluate import outcome_rows
     from tracking.metrics import cell_metrics
 
@@ -336,5 +336,80 @@ def test_nm_counts_only_pools_with_a_correct_answer_and_a_wrong_pick():
     })  # fmt: skip
     rows = outcome_rows("e", "c", "r", "s", "m", "k", questions, retrievals, votes, pd.DataFrame(), semantic=False)
     out = pd.DataFrame(rows)
-    assert out.set_index("qid")["pool_has_correct"].to_dict() == {"a": True, "b": True, "c": False, "d": None}
-    assert cell_metrics(out)["nm_pct"] == 50.0  # a (pool correct, picked wrong) of {a, b}; c and d do not count
+    assert out.set_index("qid")["pool_has_correct"].to_dict() == {"a": True, "b": True, "c": False, "d": True}
+    m = cell_metrics(out)
+    assert m["nm_pct"] == 25.0  # a (pool correct, picked wrong) of all four questions
+    assert m["nm_cond_pct"] == 33.33  # a of {a, b, d}, the questions whose pool holds a correct answer
+
+
+def test_concat_pf_nm_counts_fallback_misses_over_all_questions():
+    """001's Concat+PF: only questions where Concatenation said "unknown" are pooled (Post-Fusion over the k passages).
+    Hand-computed on 10 questions: 2 fall back; one fallback pool holds "Paris" but the majority says "Lyon".
+    %NM = 1/10 = 10.0 (the paper's rate over all questions; the old rate over pooled questions said 100.0), and
+    %NM|pool = 1/(1 + 5 single correct answers) = 16.67."""
+    from tasks.evaluate import outcome_rows
+    from tracking.metrics import cell_metrics
+
+    qids = [f"q{i}" for i in range(10)]
+    single = {"q2": "Paris", "q3": "Paris", "q4": "Paris", "q5": "Paris", "q6": "Paris", "q7": "Rome", "q8": "Rome",
+              "q9": "Rome"}
+    votes = pd.DataFrame({
+        "qid": qids,
+        "method": ["fallback-majority", "fallback-majority"] + ["single"] * 8,
+        "candidates": [["Paris", "Lyon", "Lyon"], ["Rome", "Nice", "Nice"]] + [[single[q]] for q in qids[2:]],
+        "chosen": ["Lyon", "Nice"] + [single[q] for q in qids[2:]],
+    })  # fmt: skip
+    questions = pd.DataFrame({"qid": qids, "answers": [["Paris"]] * 10})
+    rows = outcome_rows("e", "c", "r", "s", "m", "k", questions, pd.DataFrame(columns=["qid", "rank", "pid", "text"]),
+                        votes, pd.DataFrame(), semantic=False)
+    m = cell_metrics(pd.DataFrame(rows))
+    assert (m["em"], m["nm_pct"], m["nm_cond_pct"]) == (50.0, 10.0, 16.67)
+
+
+# ---- error decomposition context (seed 002): what the reader saw in its final round ----------------
+
+def test_refeed_answer_found_in_feedback_documents_is_correct_not_a_lucky_guess():
+    """The cell's retrieval lacks the answer; REFEED's refine call read feedback documents that hold it. The context
+    of the decomposition is the final round's: correct (not lucky_guess); Recall@k still counts the cell's retrieval."""
+    from tasks.evaluate import outcome_rows
+    from tracking.metrics import cell_metrics
+
+    questions = pd.DataFrame({"qid": ["a", "b"], "question": ["capital of France?", "capital of Italy?"],
+                              "answers": [["Paris"], ["Rome"]]})
+    retrievals = pd.DataFrame({"qid": ["a", "b"], "rank": [1, 1], "pid": ["p1", "p2"],
+                               "text": ["France is in Europe.", "Rome is the capital of Italy."]})
+    votes = pd.DataFrame({"qid": ["a", "b"], "method": ["refeed-logprob"] * 2,
+                          "candidates": [["Lyon", "Paris"], ["Milan", "Milan"]], "chosen": ["Paris", "Milan"]})
+    generations = pd.DataFrame({
+        "qid": ["a", "a", "b", "b"], "role": ["initial", "refine", "initial", "refine"],
+        "prompt": ["", "DOCS: Paris is the capital of France.", "", "DOCS: Milan is in Lombardy."],
+        "tokens_in": [1, 1, 1, 1], "tokens_out": [1, 1, 1, 1],
+    })  # fmt: skip
+
+    def feedback_documents(question: str, role: str, prompt: str) -> str | None:
+        return prompt.removeprefix("DOCS: ") if role == "refine" else None
+
+    rows = pd.DataFrame(outcome_rows("e", "c", "r", "refeed", "m", "k", questions, retrievals, votes, generations,
+                                     semantic=False, feedback_documents=feedback_documents)).set_index("qid")
+    assert rows.loc["a", ["gold_in_context", "gold_in_retrieval", "gold_in_feedback", "error_type"]].tolist() == \
+        [True, False, True, "correct"]
+    # b: the feedback documents lack "Rome" and hold the (wrong) prediction: a retrieval failure of the final context,
+    # though the cell's own retrieval had the answer
+    assert rows.loc["b", ["gold_in_context", "gold_in_retrieval", "error_type"]].tolist() == \
+        [False, True, "retrieval_failure"]
+    m = cell_metrics(rows.reset_index())
+    assert m["recall_at_k"] == 50.0 and m["recall_feedback_at_k"] == 50.0
+
+
+def test_parse_failure_share_counts_the_cells_model_calls_not_ok():
+    from tracking.metrics import cell_metrics
+    from tracking.readers_table import display_rows, readers_table
+
+    outcomes = pd.DataFrame({"qid": ["a", "b"], "em": [1.0, 0.0], "f1": [1.0, 0.0], "semantic_match": [None, None],
+                             "is_unknown": [False, False], "gold_in_context": [True, True], "pool_has_correct": [True, False],
+                             "tokens_in": [5, 5], "tokens_out": [1, 1], "llm_calls": [4, 4]})
+    generations = pd.DataFrame({"parse_status": ["ok", "ok", "unparseable", "ok", "empty", "ok", "ok", "error"]})
+    m = cell_metrics(outcomes, generations=generations)
+    assert m["parse_fail_pct"] == 37.5  # 3 of 8 calls
+    assert display_rows(readers_table({"bm25@5 · sure · m": m}))[0][-1] == "37.5"
+    assert math.isnan(cell_metrics(outcomes)["parse_fail_pct"])  # no generations given: unknown, shown as '-'

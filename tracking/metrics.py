@@ -11,7 +11,8 @@ import pandas as pd
 
 from tracking.events import write_text_atomically
 
-METRICS_VERSION = "1"  # bump when cell_metrics changes: it names the cached projections
+# bump when cell_metrics changes: it names the cached projections (2: %NM over all questions, nm_cond_pct, parse_fail_pct)
+METRICS_VERSION = "2"
 
 HEADLINE = ["em", "f1", "semantic_acc", "unk_pct", "nm_pct", "recall_at_k", "gold_paragraph_hit"]
 
@@ -20,17 +21,21 @@ def _pct(x: float) -> float:
     return round(100.0 * x, 2)
 
 
-def cell_metrics(outcomes: pd.DataFrame, retrievals: pd.DataFrame | None = None, questions: pd.DataFrame | None = None) -> dict:
+def cell_metrics(outcomes: pd.DataFrame, retrievals: pd.DataFrame | None = None, questions: pd.DataFrame | None = None,
+                 generations: pd.DataFrame | None = None) -> dict:
     """EM, F1, semantic accuracy, %Unk, %NM (seed 001), Recall@k and usage per question for one cell.
 
-    %NM: among questions whose answer pool holds a correct answer, the share where the vote picks a
-    wrong one; undefined (NaN, shown as '-') for single-answer readers.
-    Recall@k: share of questions whose gold answer occurs in the retrieved text (`gold_in_context`).
+    %NM (seed 001 §3): the share of ALL questions whose answer pool holds a correct answer while the vote picks
+    a wrong one; a single answer is a one-answer pool, so it never counts (001's Concat+PF %NM of 3.8 is about
+    PF's %NM x Concat's %Unk). `nm_cond_pct`: the same over the questions whose pool holds a correct answer.
+    Recall@k: share of questions whose gold answer occurs in the cell's retrieved text.
+    parse_fail_pct: share of the cell's model calls whose output its parser could not read (parse_status not ok).
     """
     n = len(outcomes)
     if n == 0:
         return {"questions": 0}
-    pool = outcomes[outcomes["pool_has_correct"].astype("boolean").fillna(False)]
+    has_correct = outcomes["pool_has_correct"].astype("boolean").fillna(False).to_numpy(dtype=bool)
+    missed = has_correct & (outcomes["em"].to_numpy(dtype=float) < 1)
     sem = outcomes["semantic_match"].dropna()
     m = {
         "questions": n,
@@ -38,15 +43,19 @@ def cell_metrics(outcomes: pd.DataFrame, retrievals: pd.DataFrame | None = None,
         "f1": _pct(outcomes["f1"].mean()),
         "semantic_acc": _pct(sem.mean()) if len(sem) else math.nan,
         "unk_pct": _pct(outcomes["is_unknown"].mean()),
-        "nm_pct": _pct((pool["em"] < 1).mean()) if len(pool) else math.nan,
-        "recall_at_k": _pct(outcomes["gold_in_context"].mean()),
+        "nm_pct": _pct(missed.mean()),
+        "nm_cond_pct": _pct(missed.sum() / has_correct.sum()) if has_correct.any() else math.nan,
+        "recall_at_k": _pct(_in_retrieval(outcomes).mean()),
         # REFEED: Recall@k of the strategy's own feedback retrieval (Q+A, or Q+A1..An with MODULE-1), beside
         # recall_at_k (the cell's question-only retrieval), over the questions that made a feedback retrieval
         "recall_feedback_at_k": _feedback_recall(outcomes),
         "tokens_in_per_q": round(outcomes["tokens_in"].mean(), 1),
         "tokens_out_per_q": round(outcomes["tokens_out"].mean(), 1),
         "calls_per_q": round(outcomes["llm_calls"].mean(), 2),
+        "parse_fail_pct": math.nan,
     }
+    if generations is not None and len(generations):
+        m["parse_fail_pct"] = _pct((generations["parse_status"] != "ok").mean())
     lo, hi = bootstrap_ci(outcomes["em"].to_numpy(dtype=float))  # seeded: 1,000 resamples of the questions
     m["em_ci_lo"], m["em_ci_hi"] = _pct(lo), _pct(hi)
     m["gold_paragraph_hit"] = math.nan
@@ -58,6 +67,14 @@ def cell_metrics(outcomes: pd.DataFrame, retrievals: pd.DataFrame | None = None,
             if hits:
                 m["gold_paragraph_hit"] = _pct(float(np.mean(hits)))
     return m
+
+
+def _in_retrieval(outcomes: pd.DataFrame) -> pd.Series:
+    """gold_in_retrieval, or gold_in_context where a segment predates it (then both were the cell's retrieval)."""
+    ctx = outcomes["gold_in_context"].astype(bool)
+    if "gold_in_retrieval" not in outcomes:
+        return ctx
+    return outcomes["gold_in_retrieval"].astype("boolean").fillna(ctx).astype(bool)
 
 
 def _feedback_recall(outcomes: pd.DataFrame) -> float:

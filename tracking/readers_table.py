@@ -1,5 +1,7 @@
 """The readers table: one row per cell (retriever × reader strategy), with EM and its 95% bootstrap CI, F1, %Unk,
-%NM, tokens and model calls per question. `ragledger run` prints it; the flow logs it to the experiment's parent
+%NM (and its rate conditional on a correct answer in the pool), tokens and model calls per question, and the share of
+model outputs that could not be parsed.
+`ragledger run` prints it; the flow logs it to the experiment's parent
 MLflow run as analysis/readers_table.{csv,md,html}. A projection of the cells' metrics (`tracking.metrics`)."""
 
 from __future__ import annotations
@@ -12,10 +14,19 @@ import pandas as pd
 
 from tracking.events import temp_path
 
-# (column, header); numbers are percentages except tokens/calls per question
-COLUMNS = [("em", "EM"), ("em_ci", "EM 95% CI"), ("f1", "F1"), ("semantic_acc", "Sem"), ("unk_pct", "%Unk"),
-           ("nm_pct", "%NM"), ("recall_at_k", "Recall@k"), ("tokens_per_q", "tokens/q"), ("calls_per_q", "calls/q")]
+# (column, header, decimals); numbers are percentages except tokens/calls per question. "em_ci" is shown from
+# em_ci_lo and em_ci_hi; every other column is a cell metric of the same name (tracking.metrics.cell_metrics)
+COLUMNS = [("em", "EM", 1), ("em_ci", "EM 95% CI", 1), ("f1", "F1", 1), ("semantic_acc", "Sem", 1), ("unk_pct", "%Unk", 1),
+           ("nm_pct", "%NM", 1), ("nm_cond_pct", "%NM|pool", 1), ("recall_at_k", "Recall@k", 1),
+           ("recall_feedback_at_k", "Recall@k fb", 1), ("tokens_per_q", "tokens/q", 1), ("calls_per_q", "calls/q", 2),
+           ("parse_fail_pct", "%parse-fail", 1)]
+NUMBERS = ["em", "em_ci_lo", "em_ci_hi", *(c for c, _, _ in COLUMNS if c not in ("em", "em_ci"))]
 FILES = ("readers_table.csv", "readers_table.md", "readers_table.html")
+NOTES = ("EM 95% CI: percentile bootstrap over questions (1,000 resamples, seed 0). %NM: questions whose answer pool holds "
+         "a correct answer that the vote did not pick, over all questions (seed 001); %NM|pool: the same over the questions "
+         "whose pool holds a correct answer. Recall@k fb: Recall@k of the documents a REFEED reader retrieved with its own "
+         "answers (seed 003 Fig. 4). tokens/q: prompt + completion tokens per question. %parse-fail: the cell's model "
+         "calls whose output its parser could not read (kept, and counted as wrong).")
 
 
 def _num(v: object) -> float:
@@ -28,13 +39,10 @@ def readers_table(cells: dict[str, dict]) -> pd.DataFrame:
     for cell, m in cells.items():
         retriever, reader, model = (p.strip() for p in cell.split("·"))
         tokens = _num(m.get("tokens_in_per_q")) + _num(m.get("tokens_out_per_q"))
+        metrics = {c: _num(m.get(c)) for c in NUMBERS} | {"tokens_per_q": round(tokens, 1)}
         rows.append({"retriever": retriever, "reader": reader, "model": model, "questions": int(m.get("questions", 0)),
-                     "em": _num(m.get("em")), "em_ci_lo": _num(m.get("em_ci_lo")), "em_ci_hi": _num(m.get("em_ci_hi")),
-                     "f1": _num(m.get("f1")), "semantic_acc": _num(m.get("semantic_acc")), "unk_pct": _num(m.get("unk_pct")),
-                     "nm_pct": _num(m.get("nm_pct")), "recall_at_k": _num(m.get("recall_at_k")),
-                     "tokens_per_q": round(tokens, 1), "calls_per_q": _num(m.get("calls_per_q"))})
-    return pd.DataFrame(rows, columns=["retriever", "reader", "model", "questions", "em", "em_ci_lo", "em_ci_hi", "f1",
-                                       "semantic_acc", "unk_pct", "nm_pct", "recall_at_k", "tokens_per_q", "calls_per_q"])
+                     **metrics})
+    return pd.DataFrame(rows, columns=["retriever", "reader", "model", "questions", *NUMBERS])
 
 
 def fmt(v: float, digits: int = 1) -> str:
@@ -44,23 +52,21 @@ def fmt(v: float, digits: int = 1) -> str:
 def display_rows(table: pd.DataFrame) -> list[list[str]]:
     """The table as strings: retriever, reader, then COLUMNS (EM's CI as "[lo, hi]")."""
     out = []
-    for r in table.itertuples():
-        ci = "-" if math.isnan(r.em_ci_lo) else f"[{fmt(r.em_ci_lo)}, {fmt(r.em_ci_hi)}]"
-        out.append([r.retriever, r.reader, fmt(r.em), ci, fmt(r.f1), fmt(r.semantic_acc), fmt(r.unk_pct), fmt(r.nm_pct),
-                    fmt(r.recall_at_k), fmt(r.tokens_per_q), fmt(r.calls_per_q, 2)])
+    for r in table.to_dict("records"):
+        ci = "-" if math.isnan(r["em_ci_lo"]) else f"[{fmt(r['em_ci_lo'])}, {fmt(r['em_ci_hi'])}]"
+        out.append([r["retriever"], r["reader"], *(ci if c == "em_ci" else fmt(r[c], d) for c, _, d in COLUMNS)])
     return out
 
 
 def headers() -> list[str]:
-    return ["retriever", "reader", *(h for _, h in COLUMNS)]
+    return ["retriever", "reader", *(h for _, h, _ in COLUMNS)]
 
 
 def to_markdown(table: pd.DataFrame, title: str = "") -> str:
     lines = [f"## {title}", ""] if title else []
     lines += ["| " + " | ".join(headers()) + " |", "|" + "|".join(["---", "---"] + ["---:"] * len(COLUMNS)) + "|"]
     lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in display_rows(table)]
-    lines += ["", "EM 95% CI: percentile bootstrap over questions (1,000 resamples, seed 0). %NM: '-' for readers without "
-              "an answer pool. tokens/q: prompt + completion tokens per question."]
+    lines += ["", NOTES]
     return "\n".join(lines) + "\n"
 
 
@@ -70,7 +76,7 @@ def to_html(table: pd.DataFrame, title: str = "") -> str:
     return (f"<!doctype html><meta charset='utf-8'><title>{html.escape(title or 'readers')}</title>"
             "<style>td,th{padding:2px 8px;font-family:sans-serif}td:nth-child(n+3){text-align:right}</style>"
             f"<h2>{html.escape(title)}</h2><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-            "<p>EM 95% CI: percentile bootstrap over questions (1,000 resamples, seed 0).</p>")
+            f"<p>{html.escape(NOTES)}</p>")
 
 
 def write_readers_table(table: pd.DataFrame, out_dir: Path, title: str = "") -> list[str]:
