@@ -30,7 +30,10 @@ def test_parse_output_never_raises():
     assert parse_output("   \n ") == ("", "empty")
     assert parse_output('"J. R. R. Tolkien"') == ("J. R. R. Tolkien", "ok")
     assert parse_output("Rationale: blah. Answer: Saw VI", "final_answer") == ("Saw VI", "ok")
-    assert parse_output("no final line here", "final_answer") == ("", "unparseable")
+    # outputs of the embedded 0.5B model to the Pruning prompt (seed 001 Fig. 8), which skipped "Answer:"
+    assert parse_output("2,000,000 base pairs", "final_answer") == ("2,000,000 base pairs", "ok")
+    assert parse_output("The Mark of Anarchy was written by Percy Shelley.", "final_answer") == ("", "unparseable")
+    assert parse_output("Saw VI is the movie.\nIt stars Tobin Bell", "final_answer") == ("", "unparseable")
 
 
 ITEM = ReaderInput("q1", "Who won?", (Passage("p1", "t1"), Passage("p2", "t2"), Passage("p3", "t3")))

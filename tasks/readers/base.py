@@ -125,6 +125,7 @@ def fill(template: str, **values: str) -> str:
     return _FIELD.sub(sub, template)
 
 
+COT_SHORT_ANSWER_WORDS = 5  # seed 001 Fig. 8-9: "a short factoid answer, often between 1 and 5 words"
 _ANSWER_PREFIX = re.compile(r"^\s*(final\s+)?answer\s*[:：]\s*", re.IGNORECASE)
 
 
@@ -147,7 +148,12 @@ def parse_output(output: str, parser: str = "short") -> tuple[str, str]:
     if parser == "final_answer":  # CoT prompts: the text after the last "Answer:"
         matches = list(re.finditer(r"answer\s*[:：]", output, re.IGNORECASE))
         if not matches:
-            return "", "unparseable"
+            # a real model often skips the rationale and writes the answer alone ("2,000,000 base pairs"): an output
+            # of one line within the format's "short factoid answer, often between 1 and 5 words" is that answer; a
+            # sentence ("The Mark of Anarchy was written by Percy Shelley.") stays unparseable
+            lines = [ln for ln in output.strip().splitlines() if ln.strip()]
+            answer = clean_answer(lines[0]) if len(lines) == 1 else ""
+            return (answer, "ok") if answer and len(answer.split()) <= COT_SHORT_ANSWER_WORDS else ("", "unparseable")
         tail = output[matches[-1].end() :].strip()
         first = next((ln for ln in tail.splitlines() if ln.strip()), "")
         answer = clean_answer(first)

@@ -40,11 +40,13 @@ def majority_vote_or_single(answers: list[str]):
 
 
 # ---- Fig. 8 (Pruning prompt) and Fig. 9 (Summary prompt): one-shot chain of thought --------------
-# The PDF extraction truncates a few lines of the demonstration (the ends of the long passage lines
-# and of the rationales); they are completed here with the shortest wording the visible text implies.
-# Source [4] of the demonstration is lost entirely in the extraction (Fig. 9's rationale cites
-# "Source 3 and Source 4"); it is reconstructed as a one-line passage stating the fact the rationale uses.
-COT_VERSION = "001-fig8-9-v1"
+# The paper's text where the PDF extraction kept it, including the demonstration's passages as printed (their
+# titles repeated, "Peter Outerbridge Peter Outerbridge Peter Outerbridge ...", as the retriever gave them).
+# Reconstructed (docs/papers.md, seed 001): the cut ends of the rationales, completed with the shortest wording the
+# visible text implies; passage [4], lost entirely (Fig. 9's rationale cites "Source 3 and Source 4"), written as
+# one line stating the fact the rationale uses; passage [3]'s word order, garbled in Fig. 8's two columns, taken
+# from Fig. 9.
+COT_VERSION = "001-fig8-9-v2"  # v2: the demonstration passages as printed; a lone short answer is parsed
 
 _COT_HEADER = """Answer questions with short factoid answers.
 
@@ -61,11 +63,11 @@ Answer: a short factoid answer, often between 1 and 5 words. Make sure generate 
 If don't know the answer, just say unknown as answer.
 
 Context:
-[1] Peter Outerbridge: Peter Outerbridge (born June 30, 1966) is a Canadian actor.
-[2] Except the Dying: 2008. On March 3, 2015, Acorn Media announced a re-release for all three movies, set for May 26, 2015.
-[3] Saw VI: Saw VI is a 2009 American horror film directed by Kevin Greutert from a screenplay written by Patrick Melton \
-and Marcus Dunstan. It is the sixth installment in the "Saw" franchise and stars Tobin Bell.
-[4] William Easton: William Easton is a character of the "Saw" franchise, played by Peter Outerbridge in Saw VI.
+[1] Peter Outerbridge Peter Outerbridge Peter Outerbridge (born June 30, 1966) is a Canadian actor
+[2] Except the Dying 2008. On March 3, 2015, Acorn Media announced a re-release for all three movies, set for May 26, 2015
+[3] Saw VI Saw VI Saw VI is a 2009 American horror film directed by Kevin Greutert from a screenplay written by Patrick \
+Melton and Marcus Dunstan. It is the sixth installment in the "Saw" franchise and stars Tobin Bell.
+[4] William Easton is a character of the "Saw" franchise, played by Peter Outerbridge in Saw VI.
 Question: Which 2009 movie does Peter Outerbridge feature as William Easton?
 Rationale: Let's think step by step. {rationale}
 Answer: Saw VI"""
