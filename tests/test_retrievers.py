@@ -150,6 +150,27 @@ def test_dense_retrieves_offline_and_caches_the_index(corpus, tmp_path):
     assert (tmp_path / folders[0] / "vectors.npy").stat().st_mtime_ns == stamp
 
 
+def test_the_onnx_encoder_gives_sentence_transformers_vectors(data_dir, tmp_path, monkeypatch):
+    """The dense index is encoded through ONNX Runtime: the same vectors as sentence-transformers' (cosine > 0.99999)
+    on real SQuAD paragraphs of very different lengths, in the order given."""
+    import gzip
+    import json
+
+    from ragledger import onnx_encoder
+    from ragledger.semantic import embedding_model
+
+    monkeypatch.setenv("RAGLEDGER_HOME", str(tmp_path))  # exports the graph afresh
+    onnx_encoder._session.cache_clear()
+    with gzip.open(data_dir / "squad" / "dev-v1.1.json.gz", "rt") as f:
+        paragraphs = [p["context"] for a in json.load(f)["data"][:2] for p in a["paragraphs"]]
+    texts = [*paragraphs[:40], "Paris", "a b c"]
+    ours = onnx_encoder.encode(texts)
+    theirs = embedding_model().encode(texts, normalize_embeddings=True)
+    assert ours.shape == theirs.shape and (ours * theirs).sum(axis=1).min() > 0.99999
+    assert (tmp_path / "models" / f"{onnx_encoder.ONNX_VERSION}.onnx").is_file()
+    onnx_encoder._session.cache_clear()
+
+
 def test_hybrid_dedups_bm25_and_dense(corpus, tmp_path):
     h = parse_retriever("hybrid(bm25@3,dense@3)")
     h.prepare(corpus, tmp_path, log=lambda *_: None)

@@ -24,7 +24,7 @@ from ragledger.semantic import EMBEDDING_MODEL, embed, embedding_model
 from tasks.retrievers.base import Corpus, Hit, LLMFn, Query, Retriever, reader_text
 
 DENSE_VERSION = "minilm-l6-v2-1"  # enters the index folder name: a new encoder or text format re-encodes
-ENCODE_CHUNK = 512  # passages per progress step
+ENCODE_CHUNK = 2048  # passages per progress step (each sorted by length inside: less padding)
 _indexes: dict[str, DenseIndex] = {}
 _lock = threading.Lock()
 
@@ -49,7 +49,7 @@ def passage_texts(corpus: Corpus) -> list[str]:
     return [reader_text(t, x) for t, x in corpus.passages[["title", "text"]].itertuples(index=False)]
 
 
-def build_dense_index(corpus: Corpus, index_root: Path, log=print, batch_size: int = 64) -> Path:
+def build_dense_index(corpus: Corpus, index_root: Path, log=print) -> Path:
     """Encode every passage once per corpus hash; return the index folder (reused when complete)."""
     target = index_root / f"dense-{DENSE_VERSION}-{corpus.corpus_hash}"
     if (target / "ragledger-complete").exists():
@@ -63,16 +63,17 @@ def build_dense_index(corpus: Corpus, index_root: Path, log=print, batch_size: i
     progress.set_total("dense index", n)
     work = Path(tempfile.mkdtemp(prefix=".dense-build-", dir=index_root))
     try:
-        model = embedding_model()
+        from ragledger.onnx_encoder import encode  # the same model through ONNX Runtime: ~1.6x faster on a CPU
+
+        dim = embedding_model().get_embedding_dimension()
         parts, started = [], time.perf_counter()
         for start in range(0, n, ENCODE_CHUNK):
             chunk = texts[start : start + ENCODE_CHUNK]
-            parts.append(model.encode(chunk, batch_size=batch_size, normalize_embeddings=True, show_progress_bar=False))
+            parts.append(encode(chunk))
             done = start + len(chunk)
             progress.advance("dense index", len(chunk))
             rate = done / max(time.perf_counter() - started, 1e-9)
             log(f"  dense index: {done:,}/{n:,} passages encoded ({rate:.0f}/s, ~{(n - done) / rate:.0f} s left)")
-        dim = model.get_sentence_embedding_dimension()
         vectors = np.vstack(parts).astype(np.float32) if parts else np.zeros((0, dim), np.float32)
         index = faiss.IndexFlatIP(vectors.shape[1])
         index.add(vectors)
