@@ -134,13 +134,16 @@ def run(
     runner: Annotated[str | None, typer.Option(help="task runner: thread (default) or dask (overrides execution.runner)")] = None,
     workers: Annotated[int | None, typer.Option(help="Dask worker processes of the local cluster")] = None,
     scheduler: Annotated[str | None, typer.Option(help="Dask: an existing scheduler address instead of a local cluster")] = None,
+    limit: Annotated[int | None, typer.Option(help="questions per dataset (overrides dataset.limit)")] = None,
+    embedded: Annotated[bool, typer.Option("--embedded", help="use the embedded CPU model instead of the spec's endpoint "
+                                           "(e.g. a paper config written for a vLLM server)")] = False,
 ) -> None:
     """Run an experiment: retrieve -> generate -> vote -> evaluate, tracked in the store and MLflow."""
-    from schemas.spec import load_spec
+    from schemas.spec import load_spec, with_overrides
 
     errors = _user_errors()
     try:  # every input is checked before anything is written (no .ragledger/ is created on bad input)
-        spec = load_spec(spec_path)
+        spec = with_overrides(load_spec(spec_path), limit=limit, embedded=embedded, source=str(spec_path))
         preflight(spec)
         if runner not in (None, "thread", "dask"):
             raise _usage_error(f"--runner: unknown runner {runner!r} (thread, dask)")
@@ -183,7 +186,7 @@ def _print_summary(summary: dict) -> None:
     for s in experiments:
         table = Table(title=f"{s['experiment']} — {s['questions']} questions", show_lines=False)
         for i, title in enumerate(headers()):
-            table.add_column(title, no_wrap=True, justify="left" if i < 2 else "right")
+            table.add_column(title, no_wrap=True, justify="left" if i < 2 else "right", min_width=len(title) if i >= 2 else None)
         for row in display_rows(readers_table(s["cells"])):
             table.add_row(*row)
         console.print(table)

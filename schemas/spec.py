@@ -112,7 +112,7 @@ class ReaderEntry(_Strict):
     """A reader with settings; a plain string in `readers` is a ReaderEntry with the defaults."""
 
     name: str = Field(..., description="a registered reader strategy (tasks/readers READERS)")
-    samples: int = Field(1, ge=1, le=64, description="self-consistency: p samples per call (seed 001 §5.3)")
+    samples: int = Field(1, ge=1, le=64, description="self-consistency: p samples per call (seed 001 §4.4)")
     sample_temperature: float = Field(0.7, ge=0, le=2, description="temperature of the p samples")
     feedback_k: int | None = Field(None, gt=0, le=100, description="REFEED: documents retrieved with question+answer; "
                                    "default 10 (seed 003)")
@@ -336,3 +336,20 @@ def load_spec(path: str | Path) -> AnySpec:
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise SpecError(f"{path}:{where} malformed YAML: {getattr(exc, 'problem', exc)}") from None
     return parse_spec(data, str(path))
+
+
+def with_overrides(spec: AnySpec, limit: int | None = None, embedded: bool = False, source: str = "<spec>") -> AnySpec:
+    """The spec with command-line overrides: `limit` questions per dataset, and/or the embedded CPU model in place of
+    the spec's endpoint (its sampling settings kept). A paper config sized for a vLLM server then runs on a laptop
+    as `ragledger run SPEC --embedded --limit 10`; the overrides enter the spec hash like any other change."""
+    data = spec.model_dump(exclude_unset=False)
+    if limit is not None:
+        if limit <= 0:
+            raise SpecError(f"{source}: --limit must be a positive integer, got {limit}")
+        for entry in data["dataset"] if isinstance(data["dataset"], list) else [data["dataset"]]:
+            entry["limit"] = limit
+    if embedded:
+        keep = {k: data["model"][k] for k in ("temperature", "top_p", "max_tokens", "seed", "timeout_s", "max_retries",
+                                              "context_window")}
+        data["model"] = {**ModelSpec().model_dump(), **keep, "concurrency": 1}  # it answers one request at a time
+    return parse_spec(data, source)

@@ -1,0 +1,46 @@
+"""Every config under configs/papers/ loads and validates as shipped, names its paper table or figure and the
+paper's headline in its header, and still validates with the embedded-model overrides."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from schemas.spec import SweepSpec, load_spec, with_overrides
+
+PAPERS = Path(__file__).resolve().parents[1] / "configs" / "papers"
+CONFIGS = sorted(PAPERS.glob("*.yaml"))
+
+
+def test_there_is_a_config_for_each_paper_table_and_figure():
+    names = {p.stem for p in CONFIGS}
+    assert {"001_table1_gold", "001_table2", "001_fig1_topk", "001_fig5_self_consistency", "001_fig6_gold_position",
+            "002_fig_mrlr", "002_table_eor", "003_table2_zero_shot", "003_table4_ablation", "003_fig4_recall",
+            "004_table1", "004_table3"} <= names
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_a_paper_config_validates_and_names_its_table_and_headline(path: Path):
+    spec = load_spec(path)
+    header = "".join(line for line in path.read_text().splitlines(keepends=True) if line.startswith("#"))
+    seed = path.stem[:3]
+    assert re.search(rf"Seed {seed} \(", header), "the header names the paper"
+    # 002's extracted text lost its figure and table numbers: those headers say so
+    assert re.search(r"(Table|Figure) \d|(figure|table) \(its number is lost", header), "the header names the table or figure"
+    assert "headline" in header, "the header gives the paper's headline number (or says it is not legible)"
+    assert f"configs/papers/{path.name}" in header, "the header shows the command that runs it"
+    assert spec.model.backend == "openai", "as shipped it runs against a vLLM endpoint"
+    small = with_overrides(spec, limit=3, embedded=True, source=str(path))
+    experiments = small.expand()
+    assert all(e.dataset.limit == 3 and e.model.backend == "embedded" and e.model.concurrency == 1 for e in experiments)
+    assert small.model.temperature == spec.model.temperature and small.model.max_tokens == spec.model.max_tokens
+    assert isinstance(small, SweepSpec) == isinstance(spec, SweepSpec)
+
+
+def test_overrides_reject_a_non_positive_limit_by_name():
+    from schemas.spec import SpecError
+
+    with pytest.raises(SpecError, match="--limit must be a positive integer"):
+        with_overrides(load_spec(CONFIGS[0]), limit=0, source="x.yaml")
