@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,9 +118,19 @@ def process_concurrency(concurrency: int) -> int:
     return max(1, concurrency // processes)
 
 
+_cache_lock = threading.Lock()
+
+
 @functools.lru_cache(maxsize=8)
-def _llm_cache(path: str) -> LLMCallCache:
+def _cached_llm_cache(path: str) -> LLMCallCache:
     return LLMCallCache(path)
+
+
+def _llm_cache(path: str) -> LLMCallCache:
+    """One cache connection per store per process: concurrent tasks (retrieve and generate shards) would otherwise
+    each open the file, lru_cache not being atomic."""
+    with _cache_lock:
+        return _cached_llm_cache(path)
 
 
 def read_questions(store: EventStore, questions_segment: str, qids: list[str]) -> pd.DataFrame:

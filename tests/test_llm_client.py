@@ -325,3 +325,18 @@ def test_the_model_call_process_ends_with_the_process_that_started_it(tmp_path):
                     return
             time.sleep(0.1)
         pytest.fail(f"model-call process {child} still running 10 s after its parent was killed")
+
+
+def test_many_connections_opening_a_new_cache_file_at_once_all_succeed(tmp_path):
+    """Concurrent retrieve/generate tasks (and Dask workers) open the same new llm_cache.sqlite together; switching it
+    to WAL must not fail with "database is locked" (it did, in the compress/parametric flow test)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    for trial in range(5):
+        path = tmp_path / f"c{trial}" / "llm_cache.sqlite"
+        with ThreadPoolExecutor(16) as pool:
+            caches = list(pool.map(LLMCallCache, [path] * 16))
+        caches[0].put("k", {"text": "x"})
+        assert all(c.get("k") == {"text": "x"} for c in caches)
+        for c in caches:
+            c.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ class LLMCallCache:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._conn = sqlite3.connect(self.path, timeout=60, check_same_thread=False, isolation_level=None)
-        self._conn.execute("PRAGMA journal_mode=WAL")
+        _enable_wal(self._conn)
         self._conn.execute("PRAGMA synchronous=NORMAL")
         self._conn.execute(
             "CREATE TABLE IF NOT EXISTS llm_calls (key TEXT PRIMARY KEY, response TEXT NOT NULL,"
@@ -44,3 +45,17 @@ class LLMCallCache:
     def close(self) -> None:
         with self._lock:
             self._conn.close()
+
+
+def _enable_wal(conn: sqlite3.Connection, attempts: int = 100) -> None:
+    """Switch the file to WAL once. The switch takes an exclusive lock and SQLite answers "database is locked" at
+    once (its busy timeout does not apply) while another connection opens the same new file: retry briefly."""
+    for attempt in range(attempts):
+        try:
+            if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or attempt == attempts - 1:
+                raise
+            time.sleep(0.05)
