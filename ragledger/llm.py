@@ -49,6 +49,7 @@ def call_processes_for(concurrency: int) -> int:
 
 
 _REQUEST_FIELDS = tuple(f.name for f in fields(LLMRequest))
+TOKEN_LOGPROBS_FORMAT = "token-logprobs-1"
 
 
 @dataclass
@@ -85,7 +86,11 @@ class LLMClient:
             # the fields by name, as dataclasses.asdict gives them (same key), without its 6 us deep copy: this
             # runs on the engine loop once per call
             request = {name: getattr(req, name) for name in _REQUEST_FIELDS}
-            key = self._keys[req] = stable_hash("llm-call", self.backend_identity, self.endpoint.model, request, length=40)
+            # a call asking for log-probabilities caches them per token (TOKEN_LOGPROBS_FORMAT): entries from
+            # before, which kept only their mean, are not reused for it
+            fmt = (TOKEN_LOGPROBS_FORMAT,) if req.logprobs else ()
+            key = self._keys[req] = stable_hash("llm-call", self.backend_identity, self.endpoint.model, request, *fmt,
+                                                length=40)
         return key
 
     async def complete(self, req: LLMRequest) -> LLMResponse:

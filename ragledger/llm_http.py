@@ -55,6 +55,9 @@ class LLMResponse:
     latency_ms: float
     from_cache: bool = False
     retries: int = 0
+    # (token text, log-probability) per output token, when the request asked for log-probabilities: what an
+    # answer's own mean token probability is computed from (REFEED MODULE-2, tasks/readers/base.answer_token_prob)
+    token_logprobs: list[tuple[str, float]] | None = None
 
 
 class BackendError(RuntimeError):
@@ -130,7 +133,8 @@ async def _call_with_retries(ep: Endpoint, client: Any, req: LLMRequest, unreach
             text = choice.message.content
             if text is None:
                 raise _Retryable("response has no message content")
-            mean_lp = _mean_logprob(choice) if req.logprobs else None
+            tokens = _token_logprobs(choice) if req.logprobs else None
+            mean_lp = sum(lp for _, lp in tokens) / len(tokens) if tokens else None
             usage = result.usage
             _UNREACHABLE.pop(url, None)
             return LLMResponse(
@@ -140,6 +144,7 @@ async def _call_with_retries(ep: Endpoint, client: Any, req: LLMRequest, unreach
                 tokens_out=int(usage.completion_tokens) if usage else 0,
                 latency_ms=(time.perf_counter() - started) * 1000,
                 retries=attempt,
+                token_logprobs=tokens,
             )
         except openai.APIStatusError as exc:
             status = exc.status_code
@@ -235,12 +240,12 @@ def _retry_after(response: Any) -> float | None:
         return None
 
 
-def _mean_logprob(choice: Any) -> float | None:
+def _token_logprobs(choice: Any) -> list[tuple[str, float]] | None:
     content = getattr(getattr(choice, "logprobs", None), "content", None)
     if not content:
         return None
-    values = [t.logprob for t in content if t.logprob is not None]
-    return sum(values) / len(values) if values else None
+    pairs = [(t.token or "", float(t.logprob)) for t in content if t.logprob is not None]
+    return pairs or None
 
 
 async def close_clients(base_url: str | None = None) -> None:

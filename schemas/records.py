@@ -76,6 +76,9 @@ class GenerationRecord(EventColumns):
     parsed_answer: Series[str]
     parse_status: Series[str] = pa.Field(isin=["ok", "unparseable", "empty", "error"])
     logprob: Series[float] = pa.Field(nullable=True)
+    # the parsed answer's arithmetic mean token probability (seed 003 MODULE-2), for calls that asked for
+    # log-probabilities. Optional: segments written before it read it as null
+    answer_prob: Optional[Series[float]] = pa.Field(nullable=True, ge=0, le=1)  # noqa: UP045 (pandera needs Optional here)
     tokens_in: Series[int] = pa.Field(ge=0)
     tokens_out: Series[int] = pa.Field(ge=0)
     latency_ms: Series[float] = pa.Field(ge=0)

@@ -108,6 +108,9 @@ class TrackingSpec(_Strict):
     mlflow_experiment: str | None = Field(None, description="MLflow experiment name; default: spec name")
 
 
+LATER_SETTINGS = ("shots", "show_initial")
+
+
 class ReaderEntry(_Strict):
     """A reader with settings; a plain string in `readers` is a ReaderEntry with the defaults."""
 
@@ -119,6 +122,11 @@ class ReaderEntry(_Strict):
     feedback_samples: int | None = Field(None, ge=2, le=20, description="REFEED MODULE-1 (seed 003 §3.2.2): n initial "
                                          "answers sampled at temperature 0.7, top_p 0.9; one feedback retrieval each, "
                                          "merged by retrieval score to the top feedback_k")
+    shots: int | None = Field(None, ge=0, le=5, description="REFEED: demonstrations in its prompts, the first N of the "
+                              "five printed in seed 003 Tables 10-11 (default all five); 0 is Table 2's zero-shot "
+                              "setting")
+    show_initial: bool = Field(False, description="REFEED: the refine prompt also shows the initial answer (an "
+                               "ablation; Table 11 shows question, documents and instruction only)")
     vote: Literal["majority", "first"] = Field("majority", description="how a reader's answer pool becomes one "
                                                "answer (Post-Fusion, Concat+PF): majority (001 eq. 2) or first "
                                                "non-unknown by passage rank; changes no model call")
@@ -126,8 +134,13 @@ class ReaderEntry(_Strict):
                               description="cell label; default derived from the settings")
 
     def settings_dict(self) -> dict:
-        """The settings that change model calls (they enter the generate cache keys)."""
-        return self.model_dump(exclude={"name", "label", "vote"})
+        """The settings that change model calls (they enter the generate cache keys). Settings added later enter
+        only when set, so entries written before them keep their keys."""
+        d = self.model_dump(exclude={"name", "label", "vote"})
+        for later in LATER_SETTINGS:
+            if d[later] == type(self).model_fields[later].default:
+                del d[later]
+        return d
 
     @property
     def is_default(self) -> bool:
@@ -193,8 +206,8 @@ class _SpecBase(_Strict):
             if name not in READERS:
                 raise ValueError(f"unknown reader strategy {name!r}; known: {', '.join(sorted(READERS))}")
             if isinstance(e, ReaderEntry) and not READERS[name].retrieves_feedback:
-                for setting in ("feedback_k", "feedback_samples"):
-                    if getattr(e, setting) is not None:
+                for setting in ("feedback_k", "feedback_samples", "shots", "show_initial"):
+                    if getattr(e, setting) != ReaderEntry.model_fields[setting].default:  # shots: 0 is set
                         users = sorted(n for n, r in READERS.items() if r.retrieves_feedback)
                         raise ValueError(f"readers: {name!r} retrieves no feedback documents, so {setting!r} does not apply "
                                          f"(it applies to {', '.join(users)})")

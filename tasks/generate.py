@@ -17,7 +17,7 @@ from ragledger.llm import LLMClient, LLMRequest, LLMResponse, run_on_engine
 from schemas.spec import ExperimentSpec
 from tasks.context import StageResult, cell_name, llm_client_for, read_questions, retriever_for, spec_from, stage_task, store_from
 from tasks.readers import get_reader, settings_for
-from tasks.readers.base import Call, Generation, Passage, Reader, ReaderInput, parse_output
+from tasks.readers.base import Call, Generation, Passage, Reader, ReaderInput, answer_token_prob, parse_output
 from tasks.retrieve import passages_by_question
 from tracking.events import EventStore, event_id, new_events, stable_hash
 
@@ -46,9 +46,14 @@ def history_by_question(generations: pd.DataFrame) -> dict[str, list[Generation]
                 parsed_answer=g.parsed_answer,
                 parse_status=g.parse_status,
                 mean_logprob=None if pd.isna(g.logprob) else float(g.logprob),
+                answer_prob=_optional_float(getattr(g, "answer_prob", None)),
             )
         )
     return out
+
+
+def _optional_float(value) -> float | None:
+    return None if value is None or pd.isna(value) else float(value)
 
 
 def feedback_retrieval(spec: ExperimentSpec, retriever_name: str, store_root: str):
@@ -127,6 +132,7 @@ def generation_rows(
                 "parsed_answer": answer,
                 "parse_status": status,
                 "logprob": resp.mean_logprob,
+                "answer_prob": answer_token_prob(resp.text, resp.token_logprobs, answer) if call.logprobs else None,
                 "tokens_in": resp.tokens_in,
                 "tokens_out": resp.tokens_out,
                 "latency_ms": resp.latency_ms,

@@ -36,6 +36,9 @@ def _topic(text: str) -> str:
     return next(k for k in CLOSED_BOOK if k in text)
 
 
+REFINE = "Refer to the passages below"  # REFEED's refine prompt (seed 003 Table 11)
+
+
 def scripted_model(system: str, prompt: str, body: dict) -> str:
     if "provide two correct candidates" in prompt:  # SuRe round 1
         return CANDIDATES[_topic(prompt.split("Question:")[-1])]
@@ -53,23 +56,23 @@ def scripted_model(system: str, prompt: str, body: dict) -> str:
         p1 = prompt.split("Passage 1:")[1].split("Passage 2:")[0]
         p2 = prompt.split("Passage 2:")[1].split("Target Question:")[0]
         return "Passage 2" if "Broncos" in p2 and "Broncos" not in p1 else "Passage 1"
-    if prompt.startswith("Question:") and "Initial answer" not in prompt:  # REFEED closed book
+    if prompt.startswith("Question:") and REFINE not in prompt:  # REFEED closed book
         return CLOSED_BOOK[_topic(prompt)]
     if prompt.endswith("Let's think step by step."):  # Pruning / Summary prompts: a rationale, then "Answer:"
         found = [ans for key, ans in ENTITIES if key in prompt.split("Question:")[0]]
         return f"Source 1 mentions it.\nAnswer: {found[0] if found else 'unknown'}"
     if "Candidate answers:" in prompt:  # PF+Concat distiller: the first candidate
         return prompt.split("Candidate answers:\n- ")[1].splitlines()[0]
-    context = prompt.split("Question:")[0] if "Initial answer" not in prompt else prompt.split("Initial answer")[0]
+    context = prompt.split("Question:")[0] if REFINE not in prompt else prompt.split(REFINE)[0]
     if "capital" in prompt.split("Question:")[-1] and context.count("\n\n") >= 1:
         return "unknown"  # Concatenation is confused by two passages on the capital question
     found = [ans for key, ans in ENTITIES if key in context]
-    return f"The answer is {found[0]}" if "Initial answer" in prompt and found else (found[0] if found else "unknown")
+    return f"The answer is {found[0]}" if REFINE in prompt and found else (found[0] if found else "unknown")
 
 
 def logprob_of(system: str, prompt: str, text: str) -> float:
     """REFEED's ensemble: confident closed-book guesses on the capital and the mountain, not on the Super Bowl."""
-    if "Initial answer" in prompt:
+    if REFINE in prompt:
         return -0.4
     if prompt.startswith("Question:") and "The answer is" in prompt:
         return {"Carolina Panthers": -2.0, "Paris": -0.1, "K2": -0.2}.get(text, -1.0)
@@ -147,11 +150,11 @@ def test_every_seed_strategy_through_the_flow(workspace, prefect_harness):
     # REFEED: retrieval with question + initial answer, then the log-probability ensemble
     rf = gens[gens.strategy == "refeed"]
     refine = rf[rf.role == "refine"].set_index("qid")
-    assert "Initial answer (before reading the passages): Carolina Panthers" in refine.loc["q1", "prompt"]
+    assert "Initial answer" not in refine.loc["q1", "prompt"]  # Table 11 shows no initial answer by default
     assert rf.logprob.notna().all()
     chosen = {q: votes.loc[("refeed", q), "chosen"] for q in ("q1", "q2", "q3")}
     assert chosen == {"q1": "Denver Broncos", "q2": "Paris", "q3": "K2"}  # q3: a confident wrong guess is kept
-    assert set(votes.loc["refeed"]["method"]) == {"refeed-logprob"}
+    assert set(votes.loc["refeed"]["method"]) == {"refeed-answer-prob"}
     assert votes.loc[("refeed_refined", "q3"), "chosen"] == "Everest"
     # %NM: REFEED's pool for q3 held the correct refined answer, but the ensemble picked the initial one
     assert bool(outcomes.loc[("refeed", "q3"), "pool_has_correct"]) and outcomes.loc[("refeed", "q3"), "em"] == 0.0
@@ -187,7 +190,7 @@ SAMPLED_GUESSES = {"Super Bowl": ["Carolina Panthers", "Denver Broncos", "Caroli
 
 def diverse_model(system: str, prompt: str, body: dict) -> str:
     """REFEED MODULE-1: sampled closed-book guesses differ by the request's seed (seed = spec seed + sample index)."""
-    if prompt.startswith("Question:") and "Initial answer" not in prompt and body.get("temperature") == 0.7:
+    if prompt.startswith("Question:") and REFINE not in prompt and body.get("temperature") == 0.7:
         return SAMPLED_GUESSES[_topic(prompt)][body["seed"] % 3]
     return scripted_model(system, prompt, body)
 
@@ -215,7 +218,7 @@ def test_refeed_module1_diverse_feedback_and_feedback_recall(workspace, prefect_
     assert "Initial answers (before reading the passages): Carolina Panthers; Denver Broncos\n" in refine.loc["q1", "prompt"]
     assert list(refine.loc["q3", "passage_ids"]) == ["c1"]  # the Everest sample's document outranks the K2 ones
     assert len(refine.loc["q1", "passage_ids"]) == 1  # merged and cut to feedback_k
-    assert set(m1["prompt_version"]) == {"003-table10-11-v1+k10+003-module1-v1"}
+    assert set(m1["prompt_version"]) == {"003-table10-11-v2+k10+003-module1-v2"}
     outcomes = query(store, "SELECT strategy, qid, gold_in_feedback FROM outcomes").set_index(["strategy", "qid"])
     assert outcomes.loc["concatenation", "gold_in_feedback"].isna().all()
     cells = first["cells"]
@@ -227,3 +230,39 @@ def test_refeed_module1_diverse_feedback_and_feedback_recall(workspace, prefect_
     assert not outcomes.loc[("refeed(feedback_k=1)", "q3"), "gold_in_feedback"]
     assert outcomes.loc[("refeed(feedback_k=1,feedback_samples=3)", "q3"), "gold_in_feedback"]
     assert one["recall_at_k"] == diverse["recall_at_k"]  # Q only: the cell retrieval, the same for both
+
+
+def test_refeed_module2_keeps_the_answer_with_the_higher_arithmetic_mean_token_probability(workspace, prefect_harness):
+    """Seed 003 MODULE-2 through the whole flow, log-probabilities served per token by the scripted server: on q1
+    the closed-book "Carolina Panthers." has answer tokens p = [0.99, 0.30] (mean 0.645; geometric 0.545) and a
+    trailing "." at 0.01 that is not part of the answer; the refined "The answer is Denver Broncos" has
+    p = [0.6, 0.6] on its answer tokens (0.6) after three tokens at 0.1. The paper's rule keeps the initial answer;
+    the geometric mean over the raw completion would have kept the refined one."""
+    from flows.experiment import experiment_flow
+    from tracking.query import query
+
+    def per_token(system: str, prompt: str, text: str) -> float | list[float] | None:
+        if "Super Bowl" not in prompt:
+            return -0.5
+        if REFINE in prompt:  # "The answer is Denver Broncos"
+            return [math.log(0.1)] * 3 + [math.log(0.6)] * 2
+        return [math.log(0.99), math.log(0.30), math.log(0.01)]  # "Carolina", " Panthers."
+
+    def model(system: str, prompt: str, body: dict) -> str:
+        if "Super Bowl" in prompt and prompt.startswith("Question:") and REFINE not in prompt:
+            return "Carolina Panthers ."
+        return scripted_model(system, prompt, body)
+
+    with ScriptedServer(answer=model, logprob_fn=per_token) as server:
+        spec = make_spec(workspace, server.base_url)
+        spec["readers"] = ["refeed", "refeed_refined"]
+        experiment_flow(spec, spec["tracking"]["store"], spec["tracking"]["mlflow_uri"])
+    store = spec["tracking"]["store"]
+    gens = query(store, "SELECT qid, role, answer_prob FROM generations WHERE strategy = 'refeed'").set_index(["qid", "role"])
+    assert gens.loc[("q1", "initial"), "answer_prob"] == pytest.approx(0.645)
+    assert gens.loc[("q1", "refine"), "answer_prob"] == pytest.approx(0.6)
+    votes = query(store, "SELECT strategy, qid, method, chosen, scores FROM votes").set_index(["strategy", "qid"])
+    assert votes.loc[("refeed", "q1"), "chosen"] == "Carolina Panthers"
+    assert votes.loc[("refeed", "q1"), "method"] == "refeed-answer-prob"
+    assert list(votes.loc[("refeed", "q1"), "scores"]) == pytest.approx([0.645, 0.6])
+    assert votes.loc[("refeed_refined", "q1"), "chosen"] == "Denver Broncos"

@@ -134,7 +134,7 @@ def test_refeed_log_probabilities_come_from_the_real_embedded_model(tmp_path):
     assert (refeed["logprob"] <= 0).all()  # mean token log-probabilities of real outputs
     assert gens[gens["strategy"] == "concatenation"]["logprob"].isna().all()
     votes = query(store, "SELECT method FROM votes WHERE strategy = 'refeed(feedback_k=3)'")
-    assert set(votes["method"]) == {"refeed-logprob"}
+    assert set(votes["method"]) == {"refeed-answer-prob"}
     assert len(list((tmp_path / ".ragledger" / "logs").glob("embedded-server-*.log"))) == 2
 
 

@@ -19,8 +19,8 @@ ITEM = ReaderInput("q1", "Who won Super Bowl 50?", (
 ))  # fmt: skip
 
 
-def gen(round_no, role, answer, pids=(), status="ok", output=None, lp=None, sample=0):
-    return Generation(round_no, role, sample, tuple(pids), answer if output is None else output, answer, status, lp)
+def gen(round_no, role, answer, pids=(), status="ok", output=None, lp=None, sample=0, p=None):
+    return Generation(round_no, role, sample, tuple(pids), answer if output is None else output, answer, status, lp, p)
 
 
 # ---- seed 001: Pruning / Summary prompts ----------------------------------------------------------
@@ -218,24 +218,84 @@ def test_refeed_retrieves_with_question_plus_answer_and_refines():
         queries.append((text, k))
         return [Passage("f1", "Feedback doc one."), Passage("f2", "Feedback doc two.")]
 
-    hist = [gen(1, "initial", "Carolina Panthers", lp=-0.2)]
+    hist = [gen(1, "initial", "Carolina Panthers", lp=-0.2, p=0.8)]
     (refine,) = r.plan(2, ITEM, hist, ReaderSettings(retrieve=retrieve, feedback_k=10))
     assert queries == [("Who won Super Bowl 50? Carolina Panthers", 10)]
     assert refine.passage_ids == ("f1", "f2") and refine.logprobs
-    assert "Passage: Feedback doc one." in refine.prompt
-    assert "Initial answer (before reading the passages): Carolina Panthers" in refine.prompt
+    # Table 11: the question, the documents, the instruction once, "The answer is"; no initial answer by default
+    assert refine.prompt == ("Question: Who won Super Bowl 50?\nPassage: Feedback doc one.\nPassage: Feedback doc two.\n"
+                             "Refer to the passages below and answer the following question with just a few words.\n"
+                             "The answer is")
+    assert refine.system == initial.system and initial.system.count("Question:") == 5  # the five printed shots
+    docs = r.feedback_documents(ITEM.question, "refine", refine.prompt)
+    assert docs == "Passage: Feedback doc one.\nPassage: Feedback doc two."
     assert r.plan(2, ITEM, hist, ReaderSettings()) == []  # closed-book cell: no retriever, no refinement
     r.plan(2, ITEM, hist, ReaderSettings(retrieve=retrieve))
     assert queries[-1][1] == 10  # the paper's k by default
 
-    keep_initial = r.decide(ITEM, [*hist, gen(2, "refine", "Denver Broncos", lp=-0.9)])
-    assert keep_initial.chosen == "Carolina Panthers" and keep_initial.method == "refeed-logprob"
-    take_refined = r.decide(ITEM, [gen(1, "initial", "Carolina Panthers", lp=-2.0), gen(2, "refine", "Denver Broncos", lp=-0.9)])
-    assert take_refined.chosen == "Denver Broncos" and take_refined.scores == (-2.0, -0.9)
+    keep_initial = r.decide(ITEM, [*hist, gen(2, "refine", "Denver Broncos", lp=-0.9, p=0.4)])
+    assert keep_initial.chosen == "Carolina Panthers" and keep_initial.method == "refeed-answer-prob"
+    take_refined = r.decide(ITEM, [gen(1, "initial", "Carolina Panthers", lp=-2.0, p=0.2),
+                                   gen(2, "refine", "Denver Broncos", lp=-0.9, p=0.4)])
+    assert take_refined.chosen == "Denver Broncos" and take_refined.scores == (0.2, 0.4)
     no_lp = r.decide(ITEM, [gen(1, "initial", "Carolina Panthers"), gen(2, "refine", "Denver Broncos")])
     assert no_lp.method == "refeed-no-logprobs" and no_lp.chosen == "Denver Broncos" and math.isnan(no_lp.scores[0])
-    ablation = get_reader("refeed_refined").decide(ITEM, [*hist, gen(2, "refine", "Denver Broncos", lp=-0.9)])
+    ablation = get_reader("refeed_refined").decide(ITEM, [*hist, gen(2, "refine", "Denver Broncos", lp=-0.9, p=0.4)])
     assert ablation.chosen == "Denver Broncos"
+
+
+def test_refeed_table11_titles_shots_and_the_initial_answer_option():
+    r = get_reader("refeed")
+
+    def retrieve(text, k):
+        return [Passage("d1", "Deadpool: Screen Rant called it a campaign.", title="Deadpool")]
+
+    hist = [gen(1, "initial", "Carolina Panthers")]
+    (refine,) = r.plan(2, ITEM, hist, ReaderSettings(retrieve=retrieve))
+    assert "\nTitle: Deadpool. Passage: Screen Rant called it a campaign.\n" in refine.prompt
+    (zero,) = r.plan(1, ITEM, [], ReaderSettings(shots=0))
+    assert zero.system == "" and zero.prompt == "Question: Who won Super Bowl 50? The answer is"
+    (two,) = r.plan(1, ITEM, [], ReaderSettings(shots=2))
+    assert two.system.splitlines() == ["Question: total number of death row inmates in the us? The answer is 2,718",
+                                       "Question: big little lies season 2 how many episodes? The answer is seven"]
+    (shown,) = r.plan(2, ITEM, hist, ReaderSettings(retrieve=retrieve, show_initial=True))
+    assert shown.prompt.endswith("Initial answer (before reading the passages): Carolina Panthers\n"
+                                 "Refer to the passages below and answer the following question with just a few words.\n"
+                                 "The answer is")
+    shown_docs = r.feedback_documents(ITEM.question, "refine", shown.prompt)
+    assert shown_docs == "Title: Deadpool. Passage: Screen Rant called it a campaign."
+    versions = {r.version_for(ReaderSettings()), r.version_for(ReaderSettings(shots=0)),
+                r.version_for(ReaderSettings(show_initial=True))}
+    assert len(versions) == 3
+    spec = parse_spec({"name": "t", "retrievers": ["bm25@5"], "readers": [{"name": "refeed", "shots": 0}]})
+    assert spec.reader_entries()[0].key == "refeed(shots=0)" and settings_for(spec.reader_entries()[0]).shots == 0
+    with pytest.raises(SpecError, match="'concatenation' retrieves no feedback documents, so 'shots' does not apply"):
+        parse_spec({"name": "t", "retrievers": ["bm25@5"], "readers": [{"name": "concatenation", "shots": 0}]})
+
+
+def test_settings_added_later_leave_the_settings_of_older_entries_unchanged():
+    """Cache keys of entries written before `shots`/`show_initial` existed stay the same."""
+    spec = parse_spec({"name": "t", "retrievers": ["bm25@5"], "readers": [{"name": "post_fusion", "samples": 3}]})
+    assert spec.reader_entries()[0].settings_dict() == {"samples": 3, "sample_temperature": 0.7, "feedback_k": None,
+                                                          "feedback_samples": None}
+
+
+def test_refeed_answer_probability_is_the_arithmetic_mean_over_the_answer_tokens():
+    """Seed 003 MODULE-2: P = (1/t) sum p(y_i). Tokens p = [0.99, 0.30] (mean 0.645, geometric 0.545) against
+    [0.6, 0.6] (0.6): the arithmetic mean keeps the first; a trailing "." at p = 0.01 is not an answer token."""
+    from tasks.readers.base import answer_token_prob
+
+    first = [("Carolina", math.log(0.99)), (" Panthers", math.log(0.30)), (".", math.log(0.01))]
+    assert answer_token_prob("Carolina Panthers.", first, "Carolina Panthers") == pytest.approx(0.645)
+    second = [("The", math.log(0.1)), (" answer", math.log(0.1)), (" is", math.log(0.1)), (" Denver", math.log(0.6)),
+              (" Broncos", math.log(0.6))]
+    assert answer_token_prob("The answer is Denver Broncos", second, "Denver Broncos") == pytest.approx(0.6)
+    assert answer_token_prob("The answer is", second[:3], "") is None
+    assert answer_token_prob("Denver", None, "Denver") is None
+    r = get_reader("refeed")
+    d = r.decide(ITEM, [gen(1, "initial", "Carolina Panthers", lp=-0.5, p=0.645),
+                        gen(2, "refine", "Denver Broncos", lp=-0.5, p=0.6)])
+    assert d.chosen == "Carolina Panthers" and d.method == "refeed-answer-prob"
 
 
 def test_refeed_module1_samples_merges_feedback_by_score_and_ensembles():
@@ -256,8 +316,8 @@ def test_refeed_module1_samples_merges_feedback_by_score_and_ensembles():
         queries.append((text, k))
         return lists[text]
 
-    hist = [gen(1, "initial", a, lp=lp, sample=j)
-            for j, (a, lp) in enumerate((("Carolina Panthers", -0.3), ("Denver Broncos", -0.8), ("Carolina Panthers", -0.3)))]
+    hist = [gen(1, "initial", a, lp=-0.5, p=lp, sample=j)
+            for j, (a, lp) in enumerate((("Carolina Panthers", 0.7), ("Denver Broncos", 0.45), ("Carolina Panthers", 0.7)))]
     (refine,) = r.plan(2, ITEM, hist, ReaderSettings(retrieve=retrieve, feedback_samples=3, feedback_k=3))
     assert queries == [("Who won Super Bowl 50? Carolina Panthers", 3), ("Who won Super Bowl 50? Denver Broncos", 3)]
     assert refine.passage_ids == ("p1", "p2", "x")  # merged, deduplicated at the best score, top k = 3
@@ -266,10 +326,10 @@ def test_refeed_module1_samples_merges_feedback_by_score_and_ensembles():
     assert docs == "Passage: Broncos won.\nPassage: Panthers lost.\nPassage: Other."
     assert r.feedback_documents(ITEM.question, "initial", "Question: x The answer is") is None
 
-    d = r.decide(ITEM, [*hist, gen(2, "refine", "Denver Broncos", lp=-0.5)])
+    d = r.decide(ITEM, [*hist, gen(2, "refine", "Denver Broncos", lp=-0.5, p=0.6)])
     assert d.candidates == ("Carolina Panthers", "Denver Broncos", "Carolina Panthers", "Denver Broncos")
-    assert d.chosen == "Carolina Panthers" and d.method == "refeed-logprob"  # the best initial (-0.3) beats the refined
-    ablation = get_reader("refeed_refined").decide(ITEM, [*hist, gen(2, "refine", "Denver Broncos", lp=-0.5)])
+    assert d.chosen == "Carolina Panthers" and d.method == "refeed-answer-prob"  # the best initial (0.7) beats the refined
+    ablation = get_reader("refeed_refined").decide(ITEM, [*hist, gen(2, "refine", "Denver Broncos", lp=-0.5, p=0.6)])
     assert ablation.chosen == "Denver Broncos"
 
     # without scores (an LLM-written retriever) the lists are interleaved by rank
@@ -378,7 +438,7 @@ def test_refeed_answer_found_in_feedback_documents_is_correct_not_a_lucky_guess(
                               "answers": [["Paris"], ["Rome"]]})
     retrievals = pd.DataFrame({"qid": ["a", "b"], "rank": [1, 1], "pid": ["p1", "p2"],
                                "text": ["France is in Europe.", "Rome is the capital of Italy."]})
-    votes = pd.DataFrame({"qid": ["a", "b"], "method": ["refeed-logprob"] * 2,
+    votes = pd.DataFrame({"qid": ["a", "b"], "method": ["refeed-answer-prob"] * 2,
                           "candidates": [["Lyon", "Paris"], ["Milan", "Milan"]], "chosen": ["Paris", "Milan"]})
     generations = pd.DataFrame({
         "qid": ["a", "a", "b", "b"], "role": ["initial", "refine", "initial", "refine"],

@@ -38,4 +38,5 @@ def settings_for(entry, retrieve=None) -> ReaderSettings:
     """ReaderSettings from a spec reader entry (schemas.spec.ReaderEntry)."""
     return ReaderSettings(samples=entry.samples, sample_temperature=entry.sample_temperature,
                           retrieve=retrieve, feedback_k=entry.feedback_k,
-                          feedback_samples=entry.feedback_samples or 1, vote=entry.vote)
+                          feedback_samples=entry.feedback_samples or 1, vote=entry.vote, shots=entry.shots,
+                          show_initial=entry.show_initial)

@@ -9,6 +9,7 @@ strategy a pure, testable function of stored records.
 
 from __future__ import annotations
 
+import math
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
@@ -23,6 +24,13 @@ class Passage:
     text: str  # exactly as the reader sees it
     title: str = ""  # for prompts that show title and text apart (SuRe)
     score: float | None = None  # the retriever's score, where a strategy merges result lists (REFEED MODULE-1)
+
+    @property
+    def body(self) -> str:
+        """The paragraph without the "title: " the reader text starts with (tasks/retrievers/base.reader_text), for
+        prompts that show title and text apart."""
+        prefix = f"{self.title}: "
+        return self.text[len(prefix):] if self.title and self.text.startswith(prefix) else self.text
 
 
 @dataclass(frozen=True)
@@ -55,7 +63,8 @@ class Generation:
     output: str
     parsed_answer: str
     parse_status: str
-    mean_logprob: float | None = None
+    mean_logprob: float | None = None  # mean token log-probability of the whole output
+    answer_prob: float | None = None  # arithmetic mean token probability of the parsed answer (answer_token_prob)
 
 
 @dataclass(frozen=True)
@@ -79,6 +88,8 @@ class ReaderSettings:
     feedback_k: int | None = None
     feedback_samples: int = 1  # REFEED MODULE-1: n sampled initial answers, one feedback retrieval each
     vote: str = "majority"  # how an answer pool becomes one answer (POOL_VOTES); readers with a pool use it
+    shots: int | None = None  # REFEED: demonstrations in its prompts (None: all that the paper prints)
+    show_initial: bool = False  # REFEED: the refine prompt shows the initial answer (an ablation)
 
 
 class Reader(ABC):
@@ -210,3 +221,29 @@ def majority_vote(answers: list[str]) -> Decision:
 
 
 POOL_VOTES: dict[str, Callable[[list[str]], Decision]] = {"majority": majority_vote, "first": first_answer_vote}
+
+
+def answer_token_prob(output: str, token_logprobs, answer: str) -> float | None:
+    """The answer's probability as seed 003 defines it for MODULE-2: P = (1/t) * sum_i p(y_i | y_<i, ...), the
+    arithmetic mean of the probabilities of the answer's t tokens. The answer's tokens are those whose characters
+    overlap the parsed answer's span in the output (its last occurrence after the last "The answer is", else its last
+    occurrence); tokens before it (a rationale, "The answer is") or after it (a trailing period, a new line) do
+    not count. None without token log-probabilities or when the answer is not found in the output."""
+    if not token_logprobs or not answer:
+        return None
+    spans, pos = [], 0
+    for token, logprob in token_logprobs:
+        at = output.find(token, pos) if token else pos
+        at = pos if at < 0 else at  # a token the text does not spell the same way (bytes of one character)
+        spans.append((at, at + len(token), float(logprob)))
+        pos = at + len(token)
+    lowered = output.lower()
+    marker = max((m.end() for m in re.finditer(r"the\s+answer\s+is", lowered)), default=0)
+    start = lowered.rfind(answer.lower(), marker)
+    if start < 0:
+        start = lowered.rfind(answer.lower())
+    if start < 0:
+        return None
+    end = start + len(answer)
+    probs = [math.exp(lp) for a, b, lp in spans if a < end and b > start and output[a:b].strip()]
+    return sum(probs) / len(probs) if probs else None

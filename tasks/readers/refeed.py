@@ -3,11 +3,14 @@
 Round 1 (STEP-1): a closed-book answer, greedy, with the Table 10 prompt.
 Round 2 (STEP-2, STEP-3): retrieve with "question + initial answer" through the cell's retriever
 (`ReaderSettings.retrieve`; k = `feedback_k`, default 10 as in the paper) and refine the answer with the
-Table 11 prompt, given the documents and the initial answer.
-Decision (MODULE-2, `refeed`): keep the initial answer when its mean token log-probability is higher
-than the refined answer's, else the refined one. Without log-probabilities from the backend the refined
-answer is kept and the vote's method says so (`refeed-no-logprobs`). `refeed_refined` is the ablation
-without the ensemble (always the refined answer); it shares every model call with `refeed`.
+Table 11 prompt: the question, the documents as "Title: ... Passage: ...", the instruction once, "The answer is".
+`shots` keeps the first N of the five printed demonstrations (0: Table 2's zero-shot setting); `show_initial`
+adds the initial answer to the refine prompt (an ablation; Table 11 has no such line).
+Decision (MODULE-2, `refeed`): keep the initial answer when its probability P = (1/t) sum_i p(y_i | ...), the
+arithmetic mean of its t answer tokens' probabilities, is higher than the refined answer's, else the refined one.
+Without log-probabilities from the backend the refined answer is kept and the vote's method says so
+(`refeed-no-logprobs`). `refeed_refined` is the ablation without the ensemble (always the refined answer); it
+shares every model call with `refeed`.
 
 MODULE-1 (`feedback_samples: n`, seed 003 §3.2.2 and Table 7): round 1 samples n initial answers (temperature
 0.7, top_p 0.9; one request per sample index, each with its own seed, since llama.cpp ignores n > 1). Round 2
@@ -34,37 +37,47 @@ from tasks.readers.base import (
     register_parser,
 )
 
-PROMPT_VERSION = "003-table10-11-v1"
-MODULE1_VERSION = "003-module1-v1"  # the refine template listing n initial answers, and the merge rule
+PROMPT_VERSION = "003-table10-11-v2"
+MODULE1_VERSION = "003-module1-v2"  # the refine template listing n initial answers, and the merge rule
 SAMPLE_TEMPERATURE, SAMPLE_TOP_P = 0.7, 0.9  # seed 003 Table 7, "with diverse retrieval feedback"
 FEEDBACK_K = 10  # seed 003 §3.2.2: "k = 10 for fair comparisons with baselines"
 
-# Tables 10-11: the paper uses the first 64 QA pairs of NQ train; the extracted text prints five.
-SHOTS = """Question: total number of death row inmates in the us? The answer is 2,718
-Question: big little lies season 2 how many episodes? The answer is seven
-Question: who sang waiting for a girl like you? The answer is Foreigner
-Question: where do you cross the arctic circle in norway? The answer is Saltfjellet
-Question: who is the main character in green eggs and ham? The answer is Sam - I - am"""
+# Tables 10-11: the paper uses the first 64 QA pairs of NQ train; the extracted text prints five, which are the
+# demonstrations here (`shots: N` keeps the first N; 0 is Table 2's zero-shot setting).
+DEMONSTRATIONS = (
+    "Question: total number of death row inmates in the us? The answer is 2,718",
+    "Question: big little lies season 2 how many episodes? The answer is seven",
+    "Question: who sang waiting for a girl like you? The answer is Foreigner",
+    "Question: where do you cross the arctic circle in norway? The answer is Saltfjellet",
+    "Question: who is the main character in green eggs and ham? The answer is Sam - I - am",
+)
+INSTRUCTION = "Refer to the passages below and answer the following question with just a few words."
 
-CLOSED_SYSTEM = SHOTS  # Table 10: [prompt words; question]
-CLOSED_USER = "Question: {question} The answer is"
-
-OPEN_SYSTEM = SHOTS + "\n\nRefer to the passages below and answer the following question with just a few words."
-# Table 11 order (question, documents, instruction, "The answer is"); the initial answer is added because
-# STEP-3 refines it: P_after(y | x, y_hat, d).
+CLOSED_USER = "Question: {question} The answer is"  # Table 10: [prompt words; question]
+# Table 11: the question, the documents ("Title: ... Passage: ..."), the instruction once, "The answer is"
 OPEN_USER = """Question: {question}
 {documents}
-Initial answer (before reading the passages): {initial}
-Refer to the passages below and answer the following question with just a few words.
-Question: {question} The answer is"""
+{instruction}
+The answer is"""
+# The refine step conditions on the initial output (§3.2.1, p(y | d, x, y_hat)) but Table 11 shows no line for it;
+# `show_initial: true` adds this one (an ablation). MODULE-1 always lists the n answers: "we provide all n
+# generated outputs as well as the aforementioned top-k documents as part of the prompt" (§3.2.2).
+INITIAL_LINE = "Initial answer (before reading the passages): {initial}"
+INITIALS_LINE = "Initial answers (before reading the passages): {initial}"
 
-# MODULE-1: "we provide all n generated outputs as well as the aforementioned top-k documents as part of the prompt"
-OPEN_USER_DIVERSE = """Question: {question}
-{documents}
-Initial answers (before reading the passages): {initial}
-Refer to the passages below and answer the following question with just a few words.
-Question: {question} The answer is"""
-_FEEDBACK_END = ("\nInitial answer (before reading the passages):", "\nInitial answers (before reading the passages):")
+
+def demonstrations(shots: int | None) -> str:
+    """The system prompt: the first `shots` printed demonstrations (all five when None)."""
+    return "\n".join(DEMONSTRATIONS[: len(DEMONSTRATIONS) if shots is None else shots])
+
+
+def refine_prompt(question: str, passages, initial_line: str | None) -> str:
+    body = fill(OPEN_USER, question=question, documents=documents(passages), instruction=INSTRUCTION)
+    if initial_line is None:
+        return body
+    head, _, tail = body.rpartition(INSTRUCTION)
+    return f"{head}{initial_line}\n{INSTRUCTION}{tail}"
+
 
 _ANSWER_IS = re.compile(r"the\s+answer\s+is\s*[:：]?\s*", re.IGNORECASE)
 
@@ -82,7 +95,8 @@ register_parser("answer_is", parse_answer_is)
 
 
 def documents(passages) -> str:
-    return "\n".join(f"Passage: {p.text}" for p in passages)
+    """Table 11's document lines: "Title: Deadpool. Passage: ..." (the passage alone when it has no title)."""
+    return "\n".join(f"Title: {p.title}. Passage: {p.body}" if p.title else f"Passage: {p.text}" for p in passages)
 
 
 def merge_by_score(lists: list[list[Passage]], k: int) -> list[Passage]:
@@ -110,6 +124,9 @@ def merge_by_score(lists: list[list[Passage]], k: int) -> list[Passage]:
     return [p for _, _, p in ranked[:k]]
 
 
+_FEEDBACK_END = (INITIAL_LINE.split("{")[0], INITIALS_LINE.split("{")[0], INSTRUCTION)
+
+
 def feedback_queries(question: str, answers: list[str]) -> list[str]:
     """One query per distinct initial answer ("question + answer"), in sample order."""
     out: list[str] = []
@@ -124,20 +141,25 @@ class Refeed(Reader):
     name = "refeed"
     prompt_version = f"{PROMPT_VERSION}+k{FEEDBACK_K}"  # the default feedback depth changes the calls too
     rounds = 2
+    vote_version = "2"  # MODULE-2 by the answer tokens' arithmetic mean probability
     needs_logprobs = True
     retrieves_feedback = True
 
     def version_for(self, settings: ReaderSettings) -> str:
-        return f"{self.prompt_version}+{MODULE1_VERSION}" if settings.feedback_samples > 1 else self.prompt_version
+        version = f"{self.prompt_version}+{MODULE1_VERSION}" if settings.feedback_samples > 1 else self.prompt_version
+        if settings.shots is not None:
+            version += f"+shots{settings.shots}"
+        return version + ("+initial" if settings.show_initial else "")
 
     def plan(self, round_no: int, item: ReaderInput, history: list[Generation], settings: ReaderSettings) -> list[Call]:
         n = settings.feedback_samples
+        system = demonstrations(settings.shots)
         if round_no == 1:
             prompt = fill(CLOSED_USER, question=item.question)
             if n > 1:  # MODULE-1: n nucleus samples, one seeded request each
-                return [Call("initial", CLOSED_SYSTEM, prompt, (), sample_index=j, temperature=SAMPLE_TEMPERATURE,
+                return [Call("initial", system, prompt, (), sample_index=j, temperature=SAMPLE_TEMPERATURE,
                              top_p=SAMPLE_TOP_P, logprobs=True, parser="answer_is") for j in range(n)]
-            return [Call("initial", CLOSED_SYSTEM, prompt, (), temperature=0.0, logprobs=True, parser="answer_is")]
+            return [Call("initial", system, prompt, (), temperature=0.0, logprobs=True, parser="answer_is")]
         initials = [g for g in history if g.role == "initial"]
         if not initials or settings.retrieve is None:
             return []  # closed-book cell: nothing to retrieve with
@@ -147,22 +169,23 @@ class Refeed(Reader):
         passages = lists[0] if n == 1 else merge_by_score(lists, k)
         if not passages:
             return []
-        if n == 1:
-            prompt = fill(OPEN_USER, question=item.question, documents=documents(passages), initial=answers[0] or "unknown")
-        else:
+        if n > 1:
             shown = "; ".join(dict.fromkeys(a or "unknown" for a in answers))  # distinct, in sample order
-            prompt = fill(OPEN_USER_DIVERSE, question=item.question, documents=documents(passages), initial=shown)
-        return [Call("refine", OPEN_SYSTEM, prompt, tuple(p.pid for p in passages), temperature=0.0, logprobs=True,
-                     parser="answer_is")]
+            line: str | None = fill(INITIALS_LINE, initial=shown)
+        else:
+            line = fill(INITIAL_LINE, initial=answers[0] or "unknown") if settings.show_initial else None
+        return [Call("refine", system, refine_prompt(item.question, passages, line), tuple(p.pid for p in passages),
+                     temperature=0.0, logprobs=True, parser="answer_is")]
 
     def feedback_documents(self, question: str, role: str, prompt: str) -> str | None:
-        """The documents block of a refine prompt: between the first line ("Question: ...") and the initial answer(s)."""
+        """The documents block of a refine prompt: between the first line ("Question: ...") and the initial
+        answer line or the instruction."""
         if role != "refine":
             return None
         head = f"Question: {question}\n"
         body = prompt[len(head):] if prompt.startswith(head) else prompt.partition("\n")[2]
-        end = max(body.rfind(marker) for marker in _FEEDBACK_END)
-        return body[:end] if end >= 0 else body
+        ends = [i for i in (body.rfind("\n" + m) for m in _FEEDBACK_END) if i >= 0]
+        return body[: min(ends)] if ends else body
 
     def decide(self, item: ReaderInput, history: list[Generation], settings: ReaderSettings | None = None) -> Decision:
         initials = [g for g in history if g.role == "initial"]
@@ -170,18 +193,19 @@ class Refeed(Reader):
         if not initials:
             return Decision("refeed-no-generation", (), (), "unknown")
         # before feedback: the most probable initial answer (the only one without MODULE-1); ties to the earlier sample
-        best = max(range(len(initials)), key=lambda i: (_rank_lp(initials[i]), -i))
+        best = max(range(len(initials)), key=lambda i: (_rank_p(initials[i]), -i))
         initial = initials[best]
         if refined is None:
-            return Decision("refeed-no-feedback", tuple(g.parsed_answer for g in initials), tuple(_lp(g) for g in initials),
+            return Decision("refeed-no-feedback", tuple(g.parsed_answer for g in initials), tuple(_p(g) for g in initials),
                             initial.parsed_answer or "unknown")
         cands = (*(g.parsed_answer for g in initials), refined.parsed_answer)
-        scores = (*(_lp(g) for g in initials), _lp(refined))
-        if math.isnan(_lp(initial)) or math.isnan(_lp(refined)):
+        scores = (*(_p(g) for g in initials), _p(refined))
+        if initial.mean_logprob is None and refined.mean_logprob is None:  # the backend returned no log-probabilities
             return Decision("refeed-no-logprobs", cands, scores, refined.parsed_answer or "unknown")
-        # seed 003: keep the initial output only when its probability is higher than after feedback
-        chosen = initial.parsed_answer if _lp(initial) > _lp(refined) else refined.parsed_answer
-        return Decision("refeed-logprob", cands, scores, chosen or "unknown")
+        # MODULE-2 (seed 003 §3.2.2): keep the initial output only when its probability is higher than after
+        # feedback; an answer whose tokens cannot be found in its output (an empty answer) has none and loses
+        chosen = initial.parsed_answer if _rank_p(initial) > _rank_p(refined) else refined.parsed_answer
+        return Decision("refeed-answer-prob", cands, scores, chosen or "unknown")
 
 
 class RefeedRefined(Refeed):
@@ -191,15 +215,16 @@ class RefeedRefined(Refeed):
 
     def decide(self, item: ReaderInput, history: list[Generation], settings: ReaderSettings | None = None) -> Decision:
         d = super().decide(item, history)
-        if d.method in ("refeed-logprob", "refeed-no-logprobs"):  # the refined answer is the last candidate
+        if d.method in ("refeed-answer-prob", "refeed-no-logprobs"):  # the refined answer is the last candidate
             return Decision("refeed-refined", d.candidates, d.scores, d.candidates[-1] or "unknown")
         return d
 
 
-def _lp(g: Generation) -> float:
-    return math.nan if g.mean_logprob is None else float(g.mean_logprob)
+def _p(g: Generation) -> float:
+    """The answer's mean token probability (tasks/readers/base.answer_token_prob); NaN without one."""
+    return math.nan if g.answer_prob is None else float(g.answer_prob)
 
 
-def _rank_lp(g: Generation) -> float:
-    lp = _lp(g)
-    return -math.inf if math.isnan(lp) else lp
+def _rank_p(g: Generation) -> float:
+    p = _p(g)
+    return -math.inf if math.isnan(p) else p

@@ -93,10 +93,7 @@ LABEL_MAX_TOKENS = 8
 def passages_block(passages: tuple[Passage, ...]) -> str:
     out = []
     for i, p in enumerate(passages, 1):
-        title, text = p.title, p.text
-        if title and text.startswith(f"{title}: "):
-            text = text[len(title) + 2 :]  # the reader text carries "title: "; Listing 1 shows them apart
-        out.append(f"\nPassage #{i} Title: {title}\nPassage #{i} Text: {text}")
+        out.append(f"\nPassage #{i} Title: {p.title}\nPassage #{i} Text: {p.body}")  # Listing 1 shows them apart
     return "\n".join(out)
 
 

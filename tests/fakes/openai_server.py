@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import re
 import socket
 import threading
 import time
@@ -42,8 +43,9 @@ class ScriptedServer:
     faults: Faults = field(default_factory=Faults)
     delay_s: float = 0.0
     logprob: float | None = -0.5
-    # per-request token logprob (system, prompt, answer text) -> value; overrides `logprob` when set
-    logprob_fn: Callable[[str, str, str], float | None] | None = None
+    # per-request token logprob (system, prompt, answer text) -> one value for every token, or one per token
+    # (tokens: the text cut before each run of whitespace, " Denver", " Broncos"); overrides `logprob` when set
+    logprob_fn: Callable[[str, str, str], float | list[float] | None] | None = None
     requests: list[dict] = field(default_factory=list)
     faults_injected: dict[str, int] = field(default_factory=dict)
     max_in_flight: int = 0  # the most requests the server held at once (client-side concurrency bounds)
@@ -119,11 +121,14 @@ class ScriptedServer:
             await asyncio.sleep(self.delay_s)
         text = self.answer(system, prompt, body)
         logprob = self.logprob_fn(system, prompt, text) if self.logprob_fn is not None else self.logprob
+        tokens = re.findall(r"\s*\S+", text)
+        values = logprob if isinstance(logprob, list) else [logprob] * len(tokens)
         choices = [] if fault == "empty" else [{
             "index": 0, "finish_reason": "stop",
             "message": {"role": "assistant", "content": text},
-            "logprobs": ({"content": [{"token": t, "logprob": logprob, "bytes": None, "top_logprobs": []}
-                                      for t in text.split()]} if body.get("logprobs") and logprob is not None else None),
+            "logprobs": ({"content": [{"token": t, "logprob": lp, "bytes": None, "top_logprobs": []}
+                                      for t, lp in zip(tokens, values, strict=True)]}
+                         if body.get("logprobs") and logprob is not None else None),
         }]  # fmt: skip
         payload = {"id": "chatcmpl-scripted", "object": "chat.completion", "created": int(time.time()),
                    "model": body.get("model"),
