@@ -24,7 +24,7 @@ class DatasetSpec(_Strict):
     path: str = Field("squad/dev-v1.1.json.gz", description="file, relative to the data dir unless absolute")
     limit: int | None = Field(None, gt=0, description="number of questions sampled (seeded); all if unset")
     seed: int = 0
-    closed_book_filter: bool = Field(False, description="seed 001 §4.1: drop the sampled questions the model answers "
+    closed_book_filter: bool = Field(False, description="seed 001 §4: drop the sampled questions the model answers "
                                      "correctly (EM) with no context, before retrieval")
 
     def identity(self) -> dict:

@@ -1,4 +1,4 @@
-"""Seed 001's dataset filter (§4.1 "Dataset Filter"): drop the questions the model answers correctly with no context.
+"""Seed 001's dataset filter (§4, "Dataset Filter"): drop the questions the model answers correctly with no context.
 
 "We initially prompt the LLM to answer questions without any provided context. This process enables us to filter
 out questions that the LLM can accurately answer independently." The closed-book round is the Concatenation
