@@ -60,7 +60,7 @@ def run_retrieve(spec_dict: dict, store_root: str, questions_segment: str, retri
     store = store_from(store_root)
     questions = read_questions(store, questions_segment, qids)
     retriever = retriever_for(spec, retriever_name, store_root)
-    queries = [Query(r.qid, r.question, tuple(r.gold_pids)) for r in questions.itertuples()]
+    queries = [Query(r.qid, r.question, tuple(r.gold_pids), tuple(r.answers)) for r in questions.itertuples()]
     client = llm_client_for(spec, base_url, store_root) if retriever.needs_llm else None
     results = retriever.retrieve(queries, retrieval_llm(spec, client) if client else None)
     rows = retrieval_rows(spec.name, retriever, stage_key, results)

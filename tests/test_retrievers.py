@@ -245,9 +245,11 @@ def test_gold_wrapper_parses_and_inserts_from_the_corpus(corpus, tmp_path):
     r = parse_retriever("gold(bm25@2,first)")
     assert isinstance(r, GoldInsert) and r.position == "first" and r.inner.k == 2 and r.needs_corpus
     assert parse_retriever("gold(bm25@2)").position == "random"
-    assert "gold-1:last" in parse_retriever("gold(bm25@2,last)").code_version
+    assert "gold-2:last(" in parse_retriever("gold(bm25@2,last)").code_version
     for bad, message in (("gold(bm25@2,middle)", "position must be one of random, first, last"),
-                         ("gold(bm25@2,first,3)", "takes a retriever and an optional position")):
+                         ("gold(bm25@2,random,3)", "trigger must be one of answer, id"),
+                         ("gold(bm25@2,first,id)", "a trigger applies to position random only"),
+                         ("gold(bm25@2,random,id,x)", "takes a retriever, an optional position")):
         with pytest.raises(ValueError, match=message):
             parse_retriever(bad)
     g = GoldInsert("gold(fixed,last)", _Fixed({"q": _hits("p1", "p2"), "f": _hits("p1")}), "last")
@@ -257,6 +259,61 @@ def test_gold_wrapper_parses_and_inserts_from_the_corpus(corpus, tmp_path):
     assert out["q"][1].score is None and [h.pid for h in out["f"]] == ["p1"]  # no gold ids: unchanged
     with pytest.raises(ValueError, match="gold paragraph 'nope' of question 'q' is not in the corpus"):
         g.retrieve([Query("q", "x", ("nope",))])
+
+
+GOLD_CORPUS = [
+    {"pid": "sb_gold", "title": "Super Bowl 50", "text": "The Denver Broncos defeated the Carolina Panthers 24-10."},
+    {"pid": "sb_other", "title": "Super Bowl 50", "text": "Super Bowl 50 was won by the Denver Broncos in Santa Clara."},
+    {"pid": "sb_none", "title": "Super Bowl 50", "text": "Super Bowl 50 was an NFL game played in Santa Clara."},
+    {"pid": "paris", "title": "Paris", "text": "Paris is the capital of France."},
+]
+
+
+def test_gold_trigger_answer_string_or_gold_id(tmp_path):
+    """Seed 001 §4.2 inserts the gold passage when the top-k does not contain the answer (`answer`, the default);
+    `id` inserts whenever the gold paragraph id is missing, even when another paragraph holds the answer."""
+    import pandas as pd
+
+    from tasks.retrievers.gold import GOLD_VERSION, GoldInsert, gold_missing
+
+    corpus = Corpus.from_frame(pd.DataFrame(GOLD_CORPUS))
+    hits = {pid: corpus.hit(pid, 1.0) for pid in corpus.passages["pid"]}
+    answer_elsewhere = [hits["sb_other"], hits["paris"]]  # lacks the gold id, holds "Denver Broncos"
+    neither = [hits["sb_none"], hits["paris"]]  # lacks both
+    q = Query("q1", "Which NFL team won Super Bowl 50?", ("sb_gold",), ("Denver Broncos", "Broncos"))
+
+    # the trigger alone, on the hand-made lists
+    assert not gold_missing(answer_elsewhere, "sb_gold", "answer", q.answers)
+    assert gold_missing(answer_elsewhere, "sb_gold", "id", q.answers)
+    assert gold_missing(neither, "sb_gold", "answer", q.answers) and gold_missing(neither, "sb_gold", "id", q.answers)
+    # normalized as Recall@k does (ragledger/answers.py): case, punctuation and articles do not matter
+    assert not gold_missing(neither, "sb_gold", "answer", ("santa  CLARA!",))
+    # the gold paragraph already there: left as retrieved under both triggers (no duplicate)
+    assert not gold_missing([hits["sb_gold"]], "sb_gold", "answer", ("not in it",))
+
+    def run(name: str, lists: list[Hit]) -> list[str]:
+        r = parse_retriever(name)
+        assert isinstance(r, GoldInsert)
+        r.inner = _Fixed({"q1": lists})
+        r.prepare(corpus, tmp_path)
+        return [h.pid for h in r.retrieve([q])["q1"]]
+
+    # answer present, gold id absent: the paper's trigger inserts nothing, the id trigger inserts
+    assert run("gold(bm25@2,random)", answer_elsewhere) == ["sb_other", "paris"]
+    assert run("gold(bm25@2)", answer_elsewhere) == ["sb_other", "paris"]
+    with_id = run("gold(bm25@2,random,id)", answer_elsewhere)
+    assert sorted(with_id) == ["sb_gold", "sb_other"]  # the gold paragraph took the lowest-ranked hit's place
+    # neither the answer nor the gold id: both insert, at the same seeded position
+    assert run("gold(bm25@2,random)", neither) == run("gold(bm25@2,random,id)", neither)
+    assert sorted(run("gold(bm25@2,random)", neither)) == ["sb_gold", "sb_none"]
+    # first/last place the gold paragraph whatever the trigger would say
+    assert run("gold(bm25@2,last)", answer_elsewhere) == ["sb_other", "sb_gold"]
+
+    # a new trigger, a new code version: gold-1 retrievals (id trigger) are not reused for the answer trigger
+    versions = {n: parse_retriever(n).code_version for n in ("gold(bm25@5,random)", "gold(bm25@5,random,id)")}
+    assert versions["gold(bm25@5,random)"].startswith(f"{GOLD_VERSION}:random,answer(") and GOLD_VERSION != "gold-1"
+    assert versions["gold(bm25@5,random,id)"].startswith(f"{GOLD_VERSION}:random,id(")
+    assert parse_retriever("gold(bm25@5)").code_version == versions["gold(bm25@5,random)"]
 
 
 def test_gold_needs_a_dataset_with_gold_paragraphs():

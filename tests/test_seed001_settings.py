@@ -1,5 +1,5 @@
 """Seed 001's experimental settings through the whole flow against the scripted server: the closed-book dataset
-filter, gold-passage insertion (`gold(X,position)`), and the readers table with bootstrap CIs on MLflow."""
+filter, gold-passage insertion (`gold(X,position[,trigger])`), and the readers table with bootstrap CIs on MLflow."""
 
 from __future__ import annotations
 
@@ -112,6 +112,50 @@ def test_gold_passage_filter_and_readers_table(workspace, prefect_harness):
         md = fh.read()
     assert "| bm25@1 | concatenation | 50.0 | [0.0, 100.0] |" in md
     assert "| gold(bm25@1,random) | concatenation | 100.0 | [100.0, 100.0] |" in md
+
+
+# q1: BM25's top 1 is a paragraph that holds the answer but is not q1's gold paragraph; q2: its top 1 holds neither
+TRIGGER_SQUAD = {"version": "1.1", "data": [
+    {"title": "Super_Bowl_50", "paragraphs": [
+        {"context": "The Denver Broncos defeated the Carolina Panthers 24-10 to earn their third title.",
+         "qas": [{"id": "q1", "question": "Which NFL team won Super Bowl 50?",
+                  "answers": [{"text": "Denver Broncos", "answer_start": 4}]}]},
+        {"context": "Which NFL team won Super Bowl 50? The Denver Broncos, who won Super Bowl 50 in Santa Clara.", "qas": []},
+    ]},
+    {"title": "France", "paragraphs": [
+        {"context": "Paris is the capital of France.",
+         "qas": [{"id": "q2", "question": "What is the capital of France?", "answers": [{"text": "Paris", "answer_start": 0}]}]},
+        {"context": "What is the capital of France? The capital of France is its largest city.", "qas": []},
+    ]},
+]}  # fmt: skip
+
+
+def test_gold_trigger_answer_string_by_default_gold_id_as_option(workspace, prefect_harness):
+    """Seed 001 §4.2: the gold passage goes in when the top-k does not contain the answer (`gold(X,random)`);
+    `gold(X,random,id)` inserts whenever the gold paragraph id is missing."""
+    from flows.experiment import experiment_flow
+    from tracking.query import query
+
+    with gzip.open(workspace / "mini-squad.json.gz", "wt", encoding="utf-8") as fh:
+        json.dump(TRIGGER_SQUAD, fh)
+    with ScriptedServer(answer=model) as server:
+        spec = make_spec(workspace, server.base_url)
+        spec["retrievers"] = ["bm25@1", "gold(bm25@1,random)", "gold(bm25@1,random,id)"]
+        summary = experiment_flow(spec, spec["tracking"]["store"], spec["tracking"]["mlflow_uri"])
+    ret = query(spec["tracking"]["store"], "SELECT retriever, qid, rank, pid FROM retrievals ORDER BY retriever, qid, rank")
+    by = {(r, q): list(g["pid"]) for (r, q), g in ret.groupby(["retriever", "qid"])}
+    assert by[("bm25@1", "q1")] == ["Super_Bowl_50_1"] and by[("bm25@1", "q2")] == ["France_1"]
+    # answer in the retrieved text, gold id missing: the paper's trigger leaves the list, the id trigger inserts
+    assert by[("gold(bm25@1,random)", "q1")] == ["Super_Bowl_50_1"]
+    assert by[("gold(bm25@1,random,id)", "q1")] == ["Super_Bowl_50_0"]
+    # neither: both insert
+    assert by[("gold(bm25@1,random)", "q2")] == by[("gold(bm25@1,random,id)", "q2")] == ["France_0"]
+    cells = summary["cells"]
+    paper = cells["gold(bm25@1,random) · concatenation · scripted"]
+    by_id = cells["gold(bm25@1,random,id) · concatenation · scripted"]
+    # every question has the answer in its context (Recall@1 100) under both; only the id trigger forces the gold id
+    assert paper["recall_at_k"] == by_id["recall_at_k"] == 100.0
+    assert (paper["gold_paragraph_hit"], by_id["gold_paragraph_hit"]) == (50.0, 100.0)
 
 
 def test_without_the_filter_every_sampled_question_runs(workspace, prefect_harness):

@@ -10,12 +10,16 @@ of other retrievers).
     fn(args) := 'hybrid(' name (',' name)+ ')'     concatenate, dedup by pid, first wins
               | 'compress(' name ')'               the LLM summarizes name's text for the question
               | 'trunc(' name ',' N ')'            word budget: at most N words in total
-              | 'gold(' name [',' position] ')'    seed 001: the gold paragraph in name's list
-                                                   (position: random (default) | first | last)
+              | 'gold(' name [',' position [',' trigger]] ')'
+                                                   seed 001: the gold paragraph in name's list
+                                                   position: random (default) | first | last
+                                                   trigger (random only): answer (default; inserted
+                                                   when no gold answer occurs in name's text) | id
+                                                   (inserted when name misses the gold paragraph id)
 
 Examples: `bm25@10`, `dense@10`, `bm25@rr@10`, `hybrid(bm25@5,dense@5)`, `compress(bm25@10)`,
-`trunc(parametric,100)`, `hybrid(bm25@25,dense@25)@rr@10`, `gold(bm25@5,random)`, `gold(bm25@5,last)`, `parametric`,
-`none`.
+`trunc(parametric,100)`, `hybrid(bm25@25,dense@25)@rr@10`, `gold(bm25@5,random)`, `gold(bm25@5,random,id)`,
+`gold(bm25@5,last)`, `parametric`, `none`.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from tasks.retrievers.bm25 import BM25
 from tasks.retrievers.closed_book import ClosedBook
 from tasks.retrievers.compress import Compress
 from tasks.retrievers.dense import Dense
-from tasks.retrievers.gold import POSITIONS, GoldInsert
+from tasks.retrievers.gold import POSITIONS, TRIGGERS, GoldInsert
 from tasks.retrievers.hybrid import Hybrid
 from tasks.retrievers.parametric import Parametric
 from tasks.retrievers.rerank import RERANK_CANDIDATES, Rerank
@@ -68,13 +72,21 @@ def _trunc(name: str, args: list[str], parse: Callable[[str], Retriever]) -> Ret
 
 
 def _gold(name: str, args: list[str], parse: Callable[[str], Retriever]) -> Retriever:
-    if len(args) not in (1, 2):
-        raise ValueError(f"gold(...) takes a retriever and an optional position, e.g. gold(bm25@5,random); got {len(args)} "
-                         "argument(s)")
-    position = args[1] if len(args) == 2 else "random"
+    if len(args) not in (1, 2, 3):
+        raise ValueError("gold(...) takes a retriever, an optional position and, for random, an optional trigger, e.g. "
+                         f"gold(bm25@5,random) or gold(bm25@5,random,id); got {len(args)} argument(s)")
+    position = args[1] if len(args) >= 2 else "random"
     if position not in POSITIONS:
         raise ValueError(f"gold(...): the position must be one of {', '.join(POSITIONS)}, got {position!r}")
-    return GoldInsert(name, parse(args[0]), position)
+    trigger = args[2] if len(args) == 3 else "answer"
+    if trigger not in TRIGGERS:
+        raise ValueError(f"gold(...): the trigger must be one of {', '.join(TRIGGERS)}, got {trigger!r}")
+    if len(args) == 3 and position != "random":
+        # first/last put the gold paragraph on every question (tasks/retrievers/gold.py): a trigger would change
+        # nothing but the cell's name
+        raise ValueError(f"gold(...): a trigger applies to position random only; {position} always places the gold "
+                         "paragraph")
+    return GoldInsert(name, parse(args[0]), position, trigger)
 
 
 def uses_gold(name: str) -> bool:

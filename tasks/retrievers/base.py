@@ -26,6 +26,7 @@ class Query:
     qid: str
     text: str
     gold_pids: tuple[str, ...] = ()  # the question's gold paragraphs, where the dataset knows them (`gold(...)`)
+    answers: tuple[str, ...] = ()  # its gold answers: `gold(...)` inserts when none occurs in the retrieved text
 
 
 @dataclass(frozen=True)
