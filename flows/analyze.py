@@ -23,18 +23,20 @@ from tracking import analysis as an
 from tracking.executions import latest_execution, load_outcomes, manifests  # noqa: F401  (re-exported)
 from tracking.stats import compare_arrays
 
-ANALYSIS_VERSION = "analysis-1"
+# analysis-2: RWR / MRWR / MRLR and per-error RWR per (reader, model) group (tracking/analysis.py), not pooled
+ANALYSIS_VERSION = "analysis-2"
 PER_ERRORS = ("RE", "LG", "EE", "HE", "abstain")
+RWR_COLUMNS = ["reader", "model", "i", "j", "rwr"]
+PER_ERROR_COLUMNS = ["reader", "model", "error", "i", "j", "rwr"]
 
 
 @dataclass
 class AnalysisResult:
     experiment: str
     questions: int
-    cells: list[str]
-    inconsistency: pd.DataFrame
-    rwr: pd.DataFrame
-    per_error_rwr: dict[str, pd.DataFrame]
+    cells: list[str]  # grouped by (reader, model), by accuracy within a group
+    inconsistency: pd.DataFrame  # one row per cell, with its group's reader and model
+    groups: list[an.RetrieverGroup]  # the per-(reader, model) RWR tables
     decomposition: pd.DataFrame
     shares: pd.DataFrame
     identity: pd.DataFrame
@@ -53,11 +55,23 @@ def _mlflow_key(s: str) -> str:
     return re.sub(r"[^A-Za-z0-9_\-./ ]", "_", s)
 
 
-def _long(matrix: pd.DataFrame, **extra) -> pd.DataFrame:
+def _long(matrix: pd.DataFrame, **extra: str) -> pd.DataFrame:
     out = matrix.stack().rename("rwr").rename_axis(["i", "j"]).reset_index()
-    for k, v in extra.items():
+    for k, v in reversed(extra.items()):
         out.insert(0, k, v)
     return out
+
+
+def rwr_long(groups: list[an.RetrieverGroup]) -> pd.DataFrame:
+    """Every group's RWR matrix in long format (reader, model, i, j, rwr); only pairs within a group."""
+    parts = [_long(g.rwr, reader=g.reader, model=g.model) for g in groups if g.rwr is not None]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=RWR_COLUMNS)
+
+
+def per_error_long(groups: list[an.RetrieverGroup]) -> pd.DataFrame:
+    """Every group's per-error RWR matrices in long format (reader, model, error, i, j, rwr)."""
+    parts = [_long(m, reader=g.reader, model=g.model, error=e) for g in groups for e, m in g.per_error_rwr.items()]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=PER_ERROR_COLUMNS)
 
 
 def compute(outcomes: pd.DataFrame, experiment: str, metric: str = "em", n_resamples: int = 1000, seed: int = 0,
@@ -68,22 +82,37 @@ def compute(outcomes: pd.DataFrame, experiment: str, metric: str = "em", n_resam
         raise an.AnalysisError(f"experiment {experiment!r}: no question was answered by every cell")
     all_q = outcomes["qid"].nunique()
     used = outcomes if all_q == len(qids) else outcomes[outcomes["qid"].isin(set(qids))]
-    table, matrix = an.inconsistency_table(correct, cells)
-    order = list(table["cell"])
+    # every group on the same questions (those every cell answered), so accuracies compare across groups
+    keys = an.cell_keys(used)
+    groups = an.inconsistency_by_group(correct, cells, keys)
+    order = [c for g in groups for c in g.cells]
+    table = pd.concat([g.table for g in groups], ignore_index=True)
+    table.insert(0, "reader", [keys.at[c, "reader"] for c in order])
+    table.insert(1, "model", [keys.at[c, "model"] for c in order])
+    table.insert(2, "retriever", [keys.at[c, "retriever"] for c in order])
+    table["retrievers"] = [len(g.cells) for g in groups for _ in g.cells]  # the group's size
     idx = {c: i for i, c in enumerate(cells)}
     cis = [an.accuracy_ci(correct[idx[c]], n_resamples, seed) for c in order]
-    table.insert(2, "acc_lo", [c[1] for c in cis])
-    table.insert(3, "acc_hi", [c[2] for c in cis])
+    table.insert(5, "acc_lo", [c[1] for c in cis])
+    table.insert(6, "acc_hi", [c[2] for c in cis])
     f1 = used.groupby("cell")["f1"].mean()
-    table.insert(4, "f1", [float(f1.get(c, 0.0)) for c in order])
+    table.insert(7, "f1", [float(f1.get(c, 0.0)) for c in order])
 
     dec = an.decompose(used)
-    per_error = {}
     indicators = an.indicator_matrices(dec, order, [*PER_ERRORS, "correct"])
+    start = 0
+    mrlr_e = {e: np.full(len(order), np.nan) for e in PER_ERRORS}
+    for g in groups:
+        rows = slice(start, start + len(g.cells))
+        start += len(g.cells)
+        if not g.comparable:
+            continue
+        for e in PER_ERRORS:
+            m, _, mrlr = an.rwr_error(indicators[e][rows])
+            g.per_error_rwr[e] = pd.DataFrame(m, index=g.cells, columns=g.cells)
+            mrlr_e[e][rows] = mrlr
     for e in PER_ERRORS:
-        m, _, mrlr_e = an.rwr_error(indicators[e])
-        per_error[e] = pd.DataFrame(m, index=order, columns=order)
-        table[f"MRLR_{e}"] = mrlr_e
+        table[f"MRLR_{e}"] = mrlr_e[e]
     shares = an.error_shares(dec, n_resamples, seed)
     identity = pd.DataFrame([vars(c) | {"holds": c.holds} for c in an.identity_checks(dec)])
     paired_rows = []
@@ -93,7 +122,7 @@ def compute(outcomes: pd.DataFrame, experiment: str, metric: str = "em", n_resam
             paired_rows.append(compare_arrays(a, b, em_wide[i].astype(float), em_wide[j].astype(float), n_resamples,
                                               seed).as_dict())
     paired = pd.DataFrame(paired_rows)
-    return AnalysisResult(experiment, len(qids), order, table, matrix, per_error, dec, shares, identity, paired,
+    return AnalysisResult(experiment, len(qids), order, table, groups, dec, shares, identity, paired,
                           dropped_questions=all_q - len(qids), metric=metric)
 
 
@@ -114,8 +143,8 @@ def write_outputs(res: AnalysisResult, out_dir: Path, store_root: str | Path | N
 
     acc = res.inconsistency.set_index("cell")["accuracy"]
     put("inconsistency.parquet", res.inconsistency)
-    put("rwr.parquet", _long(res.rwr))
-    put("per_error_rwr.parquet", pd.concat([_long(m, error=e) for e, m in res.per_error_rwr.items()], ignore_index=True))
+    put("rwr.parquet", rwr_long(res.groups))
+    put("per_error_rwr.parquet", per_error_long(res.groups))
     keep = ["experiment", "cell", "qid", "retriever", "strategy", "model", "prediction", "em", "f1", "error_type",
             *an.ERROR_INDICATORS, "correct", "fail"]
     put("decomposition.parquet", res.decomposition[[c for c in keep if c in res.decomposition.columns]])
@@ -123,9 +152,17 @@ def write_outputs(res: AnalysisResult, out_dir: Path, store_root: str | Path | N
     put("identity.parquet", res.identity)
     if not res.paired.empty:
         put("paired.parquet", res.paired)
-    pngs = {"rwr_heatmap.png": plots.rwr_heatmap(res.rwr, f"{res.experiment}: RWR(i→j), cells by accuracy", acc)}
-    for e, m in res.per_error_rwr.items():
-        pngs[f"rwr_{e}.png"] = plots.rwr_heatmap(m, f"{res.experiment}: RWR for error {e} (share of i's {e} that j avoids)")
+    pngs = {}
+    comparable = [g for g in res.groups if g.comparable]
+    if comparable:  # one panel per (reader, model) group, axes labelled by retriever (the panel names the group)
+        pngs["rwr_heatmap.png"] = plots.rwr_heatmaps(
+            [(g.label, _by_retriever(g, g.rwr), acc.loc[g.cells].set_axis(g.retrievers))
+             for g in comparable if g.rwr is not None],
+            f"{res.experiment}: RWR(i→j) within each reader and model, retrievers by accuracy")
+        for e in PER_ERRORS:
+            pngs[f"rwr_{e}.png"] = plots.rwr_heatmaps(
+                [(g.label, _by_retriever(g, g.per_error_rwr[e]), None) for g in comparable],
+                f"{res.experiment}: RWR for error {e} (share of i's {e} that j avoids)")
     pngs["error_shares.png"] = plots.error_share_bars(res.shares, res.cells)
     for name, png in pngs.items():
         put(name, png)
@@ -133,6 +170,10 @@ def write_outputs(res: AnalysisResult, out_dir: Path, store_root: str | Path | N
     if report:
         files.append(_put_report(res, out_dir, store_root))
     return files
+
+
+def _by_retriever(g: an.RetrieverGroup, matrix: pd.DataFrame) -> pd.DataFrame:
+    return matrix.set_axis(g.retrievers, axis=0).set_axis(g.retrievers, axis=1)
 
 
 def _put_report(res: AnalysisResult, out_dir: Path, store_root: str | Path | None) -> Path:
@@ -160,8 +201,11 @@ def log_to_parent(res: AnalysisResult, files: list[Path], execution: dict, base:
         logger.log_artifacts(run_id, fs, path)
     metrics = {"analysis.questions": res.questions, "analysis.identity_max_abs_residual":
                float(res.identity[["residual_literal", "residual_own_class"]].abs().to_numpy().max())}
-    for r in res.inconsistency.itertuples():
+    for r in res.inconsistency.itertuples():  # NaN (a retriever alone in its group) is dropped below
         metrics[_mlflow_key(f"analysis.mrlr.{r.cell}")] = float(r.MRLR)
+    for g in res.groups:
+        if g.comparable:  # seed 002 Figure: MRLR averaged over a group's retrievers
+            metrics[_mlflow_key(f"analysis.mean_mrlr.{g.reader} · {g.model}")] = float(g.table["MRLR"].mean())
     if res.eor:
         for k in ("eor_em", "eor_f1", "eor_mrlr", "best_single_em", "best_single_mrlr"):
             if k in res.eor:
@@ -245,5 +289,7 @@ def analyze_flow(store_root: str, experiment: str, out_dir: str | None = None, m
     return {"experiment": experiment, "metric": metric, "questions": res.questions, "cells": res.cells,
             "files": [str(f) for f in res.files], "parent_run_id": res.parent_run_id, "tracking_uri": res.tracking_uri,
             "dropped_questions": res.dropped_questions,
+            "groups": [{"reader": g.reader, "model": g.model, "label": g.label, "cells": g.cells,
+                        "retrievers": g.retrievers, "comparable": g.comparable} for g in res.groups],
             "inconsistency": res.inconsistency.to_dict("records"), "shares": res.shares.to_dict("records"),
             "identity": res.identity.to_dict("records"), "eor": res.eor}

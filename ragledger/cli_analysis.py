@@ -291,14 +291,32 @@ def register(app: typer.Typer) -> None:
 def print_analysis(r: dict) -> None:
     import pandas as pd
 
-    t = Table(title=f"{r['experiment']} — {r['questions']} questions (cells sorted by accuracy; {r.get('metric', 'em')})")
-    for c in ("cell", "acc %", "95% CI", "F1 %", "MRLR %", "MRWR %", "MRLR_RE %", "MRLR_HE %"):
-        t.add_column(c, justify="left" if c == "cell" else "right")
-    for row in r["inconsistency"]:
-        t.add_row(escape(row["cell"]), f"{100 * row['accuracy']:.1f}", f"[{100 * row['acc_lo']:.1f}, {100 * row['acc_hi']:.1f}]",
-                  f"{100 * row['f1']:.1f}", f"{100 * row['MRLR']:.1f}", f"{100 * row['MRWR']:.1f}",
-                  f"{100 * row['MRLR_RE']:.1f}", f"{100 * row['MRLR_HE']:.1f}")
-    console.print(t)
+    by_cell = {row["cell"]: row for row in r["inconsistency"]}
+    console.print(f"[bold]{escape(r['experiment'])}[/] — {r['questions']} questions; RWR / MRLR compare retrievers within "
+                  "each (reader, model) group (seed 002 holds the reader and the LM fixed)", soft_wrap=True)
+    for g in r["groups"]:
+        label = escape(g["label"])
+        if not g["comparable"]:
+            row = by_cell[g["cells"][0]]
+            console.print(f"{label}: one retriever only ({escape(g['retrievers'][0])}: acc {100 * row['accuracy']:.1f} % "
+                          f"[{100 * row['acc_lo']:.1f}, {100 * row['acc_hi']:.1f}], F1 {100 * row['f1']:.1f} %) — no "
+                          "inconsistency table: RWR needs two retrievers under the same reader and model", soft_wrap=True)
+            continue
+        rows = [by_cell[c] for c in g["cells"]]
+        mean = sum(row["MRLR"] for row in rows) / len(rows)
+        # the heading is printed, not a table title: rich wraps titles to the table's width
+        console.print(f"\nMRLR table, {label}: {len(rows)} retrievers, mean MRLR {100 * mean:.1f} % "
+                      f"(sorted by accuracy; {r.get('metric', 'em')})", soft_wrap=True)
+        t = Table()
+        for c in ("retriever", "acc %", "95% CI", "F1 %", "MRLR %", "MRWR %", "MRLR_RE %", "MRLR_HE %"):
+            t.add_column(c, justify="left" if c == "retriever" else "right")
+        for retriever, row in zip(g["retrievers"], rows, strict=True):
+            t.add_row(escape(retriever), f"{100 * row['accuracy']:.1f}",
+                      f"[{100 * row['acc_lo']:.1f}, {100 * row['acc_hi']:.1f}]", f"{100 * row['f1']:.1f}",
+                      f"{100 * row['MRLR']:.1f}", f"{100 * row['MRWR']:.1f}", f"{100 * row['MRLR_RE']:.1f}",
+                      f"{100 * row['MRLR_HE']:.1f}")
+        console.print(t)
+    console.print()
     shares = pd.DataFrame(r["shares"])
     s = Table(title="error shares % [95% bootstrap CI] (abstentions as their own class)")
     classes = list(dict.fromkeys(shares["error_type"]))

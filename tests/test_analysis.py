@@ -130,3 +130,96 @@ def test_binary_bootstraps_match_index_resampling():
     d = a - b
     lo2, hi2 = bootstrap_ci(d + 0.5, n_resamples=4000)  # shifted off {-1,0,1}: the index-resampling path
     assert abs(lo - (lo2 - 0.5)) < 0.02 and abs(hi - (hi2 - 0.5)) < 0.02
+
+
+# 2 readers × 3 retrievers × 5 questions (EM per question q1..q5). Within reader r1, retriever a is right
+# wherever b or c is; reader r2 gets q4 and q5 right, which r1 never does.
+TWO_READERS = {
+    ("a", "r1"): [1, 1, 1, 0, 0], ("b", "r1"): [1, 1, 0, 0, 0], ("c", "r1"): [1, 0, 1, 0, 0],
+    ("a", "r2"): [0, 0, 0, 1, 1], ("b", "r2"): [1, 0, 0, 1, 0], ("c", "r2"): [0, 0, 1, 0, 1],
+}
+
+
+def two_reader_outcomes() -> pd.DataFrame:
+    rows = []
+    for (retriever, reader), ems in TWO_READERS.items():
+        for n, em in enumerate(ems, start=1):
+            rows.append(outcome(f"{retriever} · {reader} · m", f"q{n}", em) | {"retriever": retriever, "strategy": reader,
+                                                                            "model": "m"})
+    return pd.DataFrame(rows)
+
+
+def test_inconsistency_is_computed_per_reader_and_model_group():
+    """Seed 002 holds the reader and the LM fixed and varies the retriever: one table per (reader, model).
+
+    Reader r1 (failures: a {q4,q5}, b {q3,q4,q5}, c {q2,q4,q5}):
+      RWR(a→b) = |{q4,q5} ∩ b right {q1,q2}| / 2 = 0,  RWR(a→c) = |{q4,q5} ∩ {q1,q3}| / 2 = 0
+      RWR(b→a) = |{q3,q4,q5} ∩ a right {q1,q2,q3}| / 3 = 1/3,  RWR(b→c) = |{q3,q4,q5} ∩ {q1,q3}| / 3 = 1/3
+      RWR(c→a) = |{q2,q4,q5} ∩ {q1,q2,q3}| / 3 = 1/3,  RWR(c→b) = |{q2,q4,q5} ∩ {q1,q2}| / 3 = 1/3
+      MRLR: a 0 (a is never beaten: the paper's "consistently outperforms"), b (1/3+1/3)/2 = 1/3, c 1/3
+      MRWR: a (1/3+1/3)/2 = 1/3, b (0+1/3)/2 = 1/6, c (0+1/3)/2 = 1/6
+    Reader r2 (failures: a {q1,q2,q3}, b {q2,q3,q5}, c {q1,q2,q4}; right: a {q4,q5}, b {q1,q4}, c {q3,q5}):
+      RWR(a→b) = |{q1}| / 3 = 1/3, RWR(a→c) = |{q3}| / 3 = 1/3
+      RWR(b→a) = |{q5}| / 3 = 1/3, RWR(b→c) = |{q3,q5}| / 3 = 2/3
+      RWR(c→a) = |{q4}| / 3 = 1/3, RWR(c→b) = |{q1,q4}| / 3 = 2/3
+      MRLR: a (1/3+1/3)/2 = 1/3, b (1/3+2/3)/2 = 1/2, c (1/3+2/3)/2 = 1/2
+      MRWR: a (1/3+1/3)/2 = 1/3, b (1/3+2/3)/2 = 1/2, c (1/3+2/3)/2 = 1/2
+    Pooled over all six cells (the old computation), a·r1 would get MRLR (0 + 0 + RWR to a·r2 {q4,q5}: 1
+      + b·r2 {q4}: 1/2 + c·r2 {q5}: 1/2) / 5 = 2/5, although no retriever of its own reader ever beats it.
+    """
+    from flows.analyze import compute, per_error_long, rwr_long
+
+    df = two_reader_outcomes()
+    res = compute(df, "two-readers", n_resamples=50)
+    assert [(g.reader, g.model, g.retrievers) for g in res.groups] == [("r1", "m", ["a", "b", "c"]),
+                                                                      ("r2", "m", ["a", "b", "c"])]
+    assert [g.label for g in res.groups] == ["reader r1 · model m", "reader r2 · model m"]
+    r1, r2 = res.groups
+    np.testing.assert_allclose(r1.rwr.to_numpy(), [[0, 0, 0], [1 / 3, 0, 1 / 3], [1 / 3, 1 / 3, 0]])
+    np.testing.assert_allclose(r2.rwr.to_numpy(), [[0, 1 / 3, 1 / 3], [1 / 3, 0, 2 / 3], [1 / 3, 2 / 3, 0]])
+    t = res.inconsistency.set_index(["reader", "retriever"])
+    np.testing.assert_allclose(t.loc[[("r1", "a"), ("r1", "b"), ("r1", "c")], "MRLR"], [0, 1 / 3, 1 / 3])
+    np.testing.assert_allclose(t.loc[[("r1", "a"), ("r1", "b"), ("r1", "c")], "MRWR"], [1 / 3, 1 / 6, 1 / 6])
+    np.testing.assert_allclose(t.loc[[("r2", "a"), ("r2", "b"), ("r2", "c")], "MRLR"], [1 / 3, 1 / 2, 1 / 2])
+    np.testing.assert_allclose(t.loc[[("r2", "a"), ("r2", "b"), ("r2", "c")], "MRWR"], [1 / 3, 1 / 2, 1 / 2])
+    assert (t["retrievers"] == 3).all() and list(res.inconsistency["reader"]) == ["r1"] * 3 + ["r2"] * 3
+    # the pooled computation differs: what this test guards against
+    correct, cells, _ = an.correctness_matrix(df)
+    _, _, pooled_mrlr = an.rwr(correct)
+    assert pooled_mrlr[cells.index("a · r1 · m")] == pytest.approx(2 / 5)
+    # the long tables carry their group and hold no cross-group pair
+    long = rwr_long(res.groups)
+    assert list(long.columns) == ["reader", "model", "i", "j", "rwr"] and len(long) == 2 * 9
+    assert (long["i"].str.split(" · ").str[1] == long["reader"]).all()
+    assert (long["j"].str.split(" · ").str[1] == long["reader"]).all()
+    pe = per_error_long(res.groups)
+    assert list(pe.columns) == ["reader", "model", "error", "i", "j", "rwr"] and set(pe["reader"]) == {"r1", "r2"}
+    # gold is always in context here, so every failure is an extraction error (EE = wrong, RWR_EE = RWR)
+    # and no cell ever makes RE (RWR_RE = 0 by the empty-set convention)
+    for g in res.groups:
+        pd.testing.assert_frame_equal(g.per_error_rwr["EE"], g.rwr)
+    assert (pe[pe["error"] == "RE"]["rwr"] == 0).all()
+
+
+def test_a_retriever_alone_in_its_group_gets_no_inconsistency_table():
+    from flows.analyze import compute, rwr_long
+
+    df = two_reader_outcomes()
+    df = df[(df["strategy"] == "r1") | (df["retriever"] == "a")]  # r2 keeps only retriever a
+    res = compute(df, "lone", n_resamples=50)
+    r1, r2 = res.groups
+    assert r1.comparable and not r2.comparable and r2.rwr is None and r2.per_error_rwr == {}
+    row = res.inconsistency.set_index("cell").loc["a · r2 · m"]
+    assert row["accuracy"] == 2 / 5 and np.isnan(row["MRLR"]) and np.isnan(row["MRWR"]) and np.isnan(row["MRLR_RE"])
+    np.testing.assert_allclose(res.inconsistency.set_index("cell").loc[["a · r1 · m", "b · r1 · m", "c · r1 · m"], "MRLR"],
+                               [0, 1 / 3, 1 / 3])  # r1 unchanged by r2's lone retriever
+    assert set(rwr_long(res.groups)["reader"]) == {"r1"}
+
+
+def test_cell_keys_from_columns_or_cell_names():
+    df = two_reader_outcomes()
+    k = an.cell_keys(df)
+    assert k.loc["b · r2 · m"].tolist() == ["b", "r2", "m"]
+    k2 = an.cell_keys(df.drop(columns=["retriever", "strategy", "model"]))
+    pd.testing.assert_frame_equal(k.sort_index(), k2.sort_index(), check_like=True)
+    assert an.cell_keys(pd.DataFrame({"cell": ["A"]})).loc["A"].tolist() == ["A", "", ""]

@@ -156,8 +156,10 @@ def test_analysis_writes_tables_plots_report_to_the_parent_run(store, tmp_path):
     t = res.inconsistency.set_index("cell")
     assert t.loc[cell("bm25@1"), "accuracy"] == 0.5 and t.loc[cell("none"), "accuracy"] == 0.25
     # RWR(bm25 -> none) = 1/2 (q2 of {q2, q3}); RWR(none -> bm25) = 2/3 (q1, q4 of {q1, q3, q4})
-    assert res.rwr.loc[cell("bm25@1"), cell("none")] == 0.5
-    assert res.rwr.loc[cell("none"), cell("bm25@1")] == pytest.approx(2 / 3)
+    (group,) = res.groups  # one reader, one model: one inconsistency table
+    assert group.label == "reader concatenation · model m"
+    assert group.rwr.loc[cell("bm25@1"), cell("none")] == 0.5
+    assert group.rwr.loc[cell("none"), cell("bm25@1")] == pytest.approx(2 / 3)
     assert res.identity["holds"].all()
     names = {f.name for f in res.files}
     assert {"inconsistency.parquet", "rwr.parquet", "per_error_rwr.parquet", "error_shares.parquet", "paired.parquet",
@@ -215,3 +217,67 @@ def test_query_can_be_limited_to_one_experiment(store):
     assert r.output.splitlines()[1] == "5"
     r = cli("query", "SELECT count(*) AS n FROM questions", "--store", root, "--format", "csv", "--experiment", "other")
     assert r.output.splitlines()[1] == "1"
+
+
+def build_outcome_store(root, experiment, correct: dict[tuple[str, str], list[int]]) -> None:
+    """Outcome records only (plus the questions), EM per question q1..qN for each (retriever, reader)."""
+    store = EventStore(root)
+    n = len(next(iter(correct.values())))
+    q = [{"event_id": event_id("questions", experiment, f"q{k}"), "cell": "", "qid": f"q{k}", "dataset": "jsonl",
+          "question": f"Question {k}?", "answers": [f"gold {k}"], "gold_pids": []} for k in range(1, n + 1)]
+    store.write("questions", new_events("questions", experiment, q))
+    outs = []
+    for (retriever, reader), ems in correct.items():
+        for k, em in enumerate(ems, start=1):
+            pred = f"gold {k}" if em else "wrong"
+            outs.append({"event_id": event_id("outcomes", experiment, retriever, reader, k),
+                         "cell": f"{retriever} · {reader} · m", "qid": f"q{k}", "retriever": retriever,
+                         "strategy": reader, "model": "m", "prediction": pred,
+                         "em": float(em), "f1": float(em), "semantic_match": None, "is_unknown": False,
+                         "gold_in_context": True, "pool_has_correct": None,
+                         "error_type": "correct" if em else "extraction_error", "tokens_in": 20, "tokens_out": 3,
+                         "llm_calls": 1})
+    store.write("outcomes", new_events("outcomes", experiment, outs))
+
+
+def _mrlr_column(out: str, heading: str) -> dict[str, str]:
+    """retriever → MRLR % cell of the table printed after `heading` (up to the next blank line)."""
+    block = out[out.index(heading):].split("\n\n")[0]
+    rows = {}
+    for line in block.splitlines():
+        parts = [p.strip() for p in line.split("│")]
+        if len(parts) == 10 and parts[1] not in ("", "retriever"):
+            rows[parts[1]] = parts[5]
+    return rows
+
+
+def test_analyze_prints_one_mrlr_table_per_reader(tmp_path, prefect_harness):
+    """2 readers × 3 retrievers: one MRLR table per reader, each with the values of
+    tests/test_analysis.py::test_inconsistency_is_computed_per_reader_and_model_group (hand-computed there)."""
+    from tests.test_analysis import TWO_READERS
+
+    root = tmp_path / "store"
+    build_outcome_store(root, "two", TWO_READERS)
+    r = CliRunner().invoke(app, ["analyze", "two", "--store", str(root), "--no-eor", "--no-mlflow"], env={"COLUMNS": "220"})
+    assert r.exit_code == 0, r.output
+    out = r.output
+    assert out.count("MRLR table, ") == 2
+    h1, h2 = "MRLR table, reader r1 · model m: 3 retrievers", "MRLR table, reader r2 · model m: 3 retrievers"
+    assert out.index(h1) < out.index(h2)
+    assert f"{h1}, mean MRLR 22.2 %" in out and f"{h2}, mean MRLR 44.4 %" in out  # (0+1/3+1/3)/3, (1/3+1/2+1/2)/3
+    assert _mrlr_column(out, h1) == {"a": "0.0", "b": "33.3", "c": "33.3"}
+    assert _mrlr_column(out, h2) == {"a": "33.3", "b": "50.0", "c": "50.0"}
+    base = root / "analysis" / "two"
+    rwr = pd.read_parquet(base / "rwr.parquet")
+    assert set(rwr["reader"]) == {"r1", "r2"} and len(rwr) == 18  # two 3×3 matrices, no cross-reader pair
+    assert pd.read_parquet(base / "inconsistency.parquet")["reader"].tolist() == ["r1"] * 3 + ["r2"] * 3
+    html = (base / "report.html").read_text()
+    assert html.count('<table class="inconsistency"') == 2 and "reader r2 · model m: 3 retrievers" in html
+
+    # reader r2 with a single retriever: said so, no table for it
+    build_outcome_store(root, "lone", {k: v for k, v in TWO_READERS.items() if k[1] == "r1" or k[0] == "a"})
+    r = CliRunner().invoke(app, ["analyze", "lone", "--store", str(root), "--no-eor", "--no-mlflow"], env={"COLUMNS": "220"})
+    assert r.exit_code == 0, r.output
+    assert r.output.count("MRLR table, ") == 1 and "MRLR table, reader r1 · model m" in r.output
+    assert "reader r2 · model m: one retriever only (a: acc 40.0 %" in r.output
+    assert "no inconsistency table" in r.output

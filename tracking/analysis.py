@@ -1,17 +1,21 @@
 """Seed 002's analyses over stored outcomes: retriever inconsistency (RWR / MRWR / MRLR), the error
 decomposition with its identity check, per-error RWR, and error shares with bootstrap CIs.
 
-Pure functions over DataFrames / numpy arrays; they never call a model. Definitions follow
-DESIGN.md "Definitions". Conventions for empty sets (so no NaN ever reaches MLflow):
+Pure functions over DataFrames / numpy arrays; they never call a model. Definitions follow seed 002
+(/work/shared/seeds/002_75b30ca132fc2176.txt, the MRWR / MRLR paragraph): RWR compares retrievers
+with the reader and the LM held fixed, so every inconsistency table is computed per (reader, model)
+group (`inconsistency_by_group`); pooling cells of several readers or models would count reader or
+model differences as retriever inconsistency. Conventions for empty sets (no NaN reaches MLflow):
 - RWR(i→j) = 0 when cell i never fails (|{n: c_i[n]=0}| = 0): nothing of i's failure can be fixed.
 - The diagonal RWR(i→i) is 0 and is excluded from MRWR / MRLR.
-- MRLR / MRWR of a single cell (no j ≠ i) is 0.
+- `rwr` of a single cell (no j ≠ i) gives MRLR / MRWR 0; a (reader, model) group of one retriever
+  has no inconsistency table at all (`RetrieverGroup.rwr` is None, its MRLR / MRWR NaN).
 - RWR_e(i→j) = 0 when cell i never makes error e.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -260,3 +264,68 @@ def inconsistency_table(correct: np.ndarray, cells: list[str]) -> tuple[pd.DataF
     table = pd.DataFrame({"cell": names, "accuracy": c.mean(axis=1) if c.size else 0.0, "MRWR": mrwr, "MRLR": mrlr,
                           "failures": (~c).sum(axis=1), "questions": c.shape[1]})
     return table, pd.DataFrame(matrix, index=names, columns=names)
+
+
+INCONSISTENCY_COLUMNS = ("MRWR", "MRLR")
+
+
+def cell_keys(outcomes: pd.DataFrame) -> pd.DataFrame:
+    """retriever, reader (the strategy) and model of every cell, indexed by cell name.
+
+    From the records' `retriever` / `strategy` / `model` columns; without them, from the cell name
+    "retriever · reader · model" (tasks build it so); a name of another shape is its own retriever
+    in one unnamed group, so ad-hoc frames keep working."""
+    cols = ["retriever", "strategy", "model"]
+    if set(cols) <= set(outcomes.columns):
+        keys = outcomes[["cell", *cols]].drop_duplicates("cell").astype(str).set_index("cell")
+        return keys.rename(columns={"strategy": "reader"})
+    rows = {}
+    for c in outcomes["cell"].astype(str).unique():
+        parts = [p.strip() for p in c.split("·")]
+        rows[c] = parts if len(parts) == 3 else [c, "", ""]
+    return pd.DataFrame.from_dict(rows, orient="index", columns=["retriever", "reader", "model"]).rename_axis("cell")
+
+
+def group_label(reader: str, model: str) -> str:
+    """How tables, plots and the CLI name a (reader, model) group."""
+    return f"reader {reader or '-'} · model {model or '-'}"
+
+
+@dataclass
+class RetrieverGroup:
+    """The retriever-cells of one (reader, model) group and their inconsistency tables."""
+
+    reader: str
+    model: str
+    cells: list[str]  # by accuracy, best first (ties by name)
+    retrievers: list[str]  # the cells' retrievers, same order
+    table: pd.DataFrame  # inconsistency_table of the group: cell, accuracy, MRWR, MRLR, failures, questions
+    rwr: pd.DataFrame | None  # RWR(i→j) among the group's cells; None for one retriever (nothing to compare)
+    per_error_rwr: dict[str, pd.DataFrame] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return group_label(self.reader, self.model)
+
+    @property
+    def comparable(self) -> bool:
+        return len(self.cells) >= 2
+
+
+def inconsistency_by_group(correct: np.ndarray, cells: list[str], keys: pd.DataFrame) -> list[RetrieverGroup]:
+    """One inconsistency table per (reader, model) group (seed 002 varies only the retriever).
+
+    `correct` is cells × questions in `cells` order, `keys` comes from `cell_keys`. Groups are sorted by
+    (reader, model); a group of one retriever keeps its accuracy but gets NaN MRWR / MRLR and no RWR."""
+    pos = {c: i for i, c in enumerate(cells)}
+    out = []
+    sub = keys.loc[cells]
+    for (reader, model), g in sub.groupby(["reader", "model"], sort=True):
+        members = list(g.index)
+        table, matrix = inconsistency_table(correct[[pos[c] for c in members]], members)
+        names = list(table["cell"])
+        if len(names) < 2:
+            table[list(INCONSISTENCY_COLUMNS)] = np.nan
+        out.append(RetrieverGroup(str(reader), str(model), names, [str(keys.at[c, "retriever"]) for c in names], table,
+                                  matrix if len(names) >= 2 else None))
+    return out

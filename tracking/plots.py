@@ -32,9 +32,30 @@ def _png(fig) -> bytes:
 
 def rwr_heatmap(matrix: pd.DataFrame, title: str, accuracy: pd.Series | None = None) -> bytes:
     """Heatmap of an RWR matrix in percent; the caller passes it sorted by accuracy."""
+    return rwr_heatmaps([(title, matrix, accuracy)])
+
+
+def rwr_heatmaps(panels: list[tuple[str, pd.DataFrame, pd.Series | None]], title: str | None = None) -> bytes:
+    """One RWR heatmap panel per (panel title, matrix, accuracy) in one figure: an experiment's
+    (reader, model) groups side by side, each compared only within itself (tracking/analysis.py)."""
+    k_max = max(len(m) for _, m, _ in panels)
+    size = max(3.5, 0.55 * k_max + 2)
+    ncols = min(len(panels), 2)
+    nrows = -(-len(panels) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=((size + 1) * ncols, size * nrows + (0.4 if title else 0)),
+                             squeeze=False, layout="constrained")  # keeps colorbars and rotated labels apart
+    for ax, (sub, matrix, accuracy) in zip(axes.flat, panels, strict=False):
+        # a lone panel carries the figure's title too (no suptitle above a single panel)
+        _rwr_panel(fig, ax, matrix, f"{title}\n{sub}" if title and len(panels) == 1 else sub, accuracy)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    if title and len(panels) > 1:
+        fig.suptitle(title, fontsize=11)
+    return _png(fig)
+
+
+def _rwr_panel(fig, ax, matrix: pd.DataFrame, title: str, accuracy: pd.Series | None) -> None:
     k = len(matrix)
-    size = max(3.5, 0.55 * k + 2)
-    fig, ax = plt.subplots(figsize=(size + 1, size))
     im = ax.imshow(matrix.to_numpy() * 100, cmap="Blues", vmin=0, vmax=100)
     labels = [_short(c) + (f" ({100 * accuracy[c]:.1f})" if accuracy is not None else "") for c in matrix.index]
     ax.set_xticks(range(k), [_short(c) for c in matrix.columns], rotation=60, ha="right", fontsize=8)
@@ -49,7 +70,6 @@ def rwr_heatmap(matrix: pd.DataFrame, title: str, accuracy: pd.Series | None = N
                         color="white" if v > 60 else "black")
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="RWR(i→j) %")
     ax.set_title(title, fontsize=10)
-    return _png(fig)
 
 
 def error_share_bars(shares: pd.DataFrame, order: list[str]) -> bytes:

@@ -63,12 +63,30 @@ def _img(png: bytes, alt: str) -> str:
 
 
 def _headline(res: AnalysisResult) -> str:
-    rows = ["<table><tr><th class=l>cell</th><th>accuracy %</th><th>95% CI</th><th>F1 %</th><th>MRLR %</th><th>MRWR %</th>"
-            "<th>failures</th></tr>"]
-    for r in res.inconsistency.itertuples():
-        rows.append(f"<tr><td class=l>{_e(r.cell)}</td><td>{_pct(r.accuracy)}</td><td>[{_pct(r.acc_lo)}, {_pct(r.acc_hi)}]</td>"
-                    f"<td>{_pct(r.f1)}</td><td>{_pct(r.MRLR)}</td><td>{_pct(r.MRWR)}</td><td>{r.failures}</td></tr>")
-    return "".join(rows) + "</table>"
+    """One table per (reader, model) group: MRLR / MRWR compare retrievers only within a group (seed 002
+    fixes the reader and the LM; tracking/analysis.py). A retriever alone in its group gets a sentence."""
+    t = res.inconsistency.set_index("cell")
+    out = []
+    for g in res.groups:
+        if not g.comparable:
+            (c,) = g.cells
+            out.append(f'<p class="group lone" data-reader="{_e(g.reader)}" data-model="{_e(g.model)}">'
+                       f"<b>{_e(g.label)}</b>: one retriever only ({_e(g.retrievers[0])}: accuracy "
+                       f"{_pct(t.at[c, 'accuracy'])} % [{_pct(t.at[c, 'acc_lo'])}, {_pct(t.at[c, 'acc_hi'])}], F1 "
+                       f"{_pct(t.at[c, 'f1'])} %), so no inconsistency table: RWR compares retrievers under the same "
+                       "reader and model.</p>")
+            continue
+        rows = [f'<h3 class="group">{_e(g.label)}: {len(g.cells)} retrievers, mean MRLR {_pct(g.table["MRLR"].mean())} %</h3>'
+                f'<table class="inconsistency" data-reader="{_e(g.reader)}" data-model="{_e(g.model)}"><tr>'
+                "<th class=l>retriever</th><th>accuracy %</th><th>95% CI</th><th>F1 %</th><th>MRLR %</th><th>MRWR %</th>"
+                "<th>failures</th></tr>"]
+        for c, retriever in zip(g.cells, g.retrievers, strict=True):
+            r = t.loc[c]
+            rows.append(f'<tr title="{_e(c)}"><td class=l>{_e(retriever)}</td><td>{_pct(r.accuracy)}</td>'
+                        f"<td>[{_pct(r.acc_lo)}, {_pct(r.acc_hi)}]</td><td>{_pct(r.f1)}</td><td>{_pct(r.MRLR)}</td>"
+                        f"<td>{_pct(r.MRWR)}</td><td>{r.failures}</td></tr>")
+        out.append("".join(rows) + "</table>")
+    return "".join(out)
 
 
 def _shares(res: AnalysisResult) -> str:
@@ -246,7 +264,9 @@ def html_report(res: AnalysisResult, store_root: str | Path | None = None) -> st
         f"<style>{CSS}</style><script>{SCRIPT}</script></head><body><h1>{_e(res.experiment)}</h1>"
         f"<p>{res.questions} questions × {len(res.cells)} cells{dropped}. Correct = {_e(res.metric)} for RWR/MRLR and "
         "accuracy, EM for the error decomposition; CIs: percentile bootstrap, "
-        "1,000 resamples over questions, seeded. Definitions: seed 002 (see DESIGN.md).</p>"
+        "1,000 resamples over questions, seeded. Definitions: seed 002 (see DESIGN.md). RWR, MRWR, MRLR and "
+        "per-error RWR compare retrievers within one (reader, model) group, as seed 002 holds the reader and "
+        "the LM fixed: one table per group.</p>"
         f"<h2>Headline</h2>{_headline(res)}<h2>Error decomposition</h2>{_identity(res)}{_shares(res)}"
         f"<h2>Plots</h2>{_plots(res.pngs)}<h2>Paired comparisons</h2>{_paired(res)}{_eor(res)}"
         f"<h2>Per question</h2>{_drilldown(res, questions, store_root)}</body></html>"
