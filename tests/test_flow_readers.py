@@ -50,8 +50,8 @@ def scripted_model(system: str, prompt: str, body: dict) -> str:
         return "False" if "Panthers" in prompt.split("Passage:")[1] else "True"
     if "Choices: (a)" in prompt and "Task description" in prompt:  # SuRe MCQ prompt: picks choice (b)
         return "(b)"
-    if prompt.split("\n\nTask description")[0].endswith("is mentioned."):  # Sum-and-pred: answer from the summary
-        return prompt.split(" is mentioned.")[0]
+    if prompt.startswith("Below is the passage related"):  # Sum-and-pred: answer from the summary
+        return prompt.split("Passage:\n")[1].split(" is mentioned.")[0]
     if "Passage 1:" in prompt:  # SuRe ranking: prefers the Broncos summary, else position bias (always Passage 1)
         p1 = prompt.split("Passage 1:")[1].split("Passage 2:")[0]
         p2 = prompt.split("Passage 2:")[1].split("Target Question:")[0]
@@ -79,8 +79,8 @@ def logprob_of(system: str, prompt: str, text: str) -> float:
     return -0.5
 
 
-READERS = ["concat_pf", "pf_concat", "sure", "sure_base", "sure_mcq", "sure_generic", "refeed", "refeed_refined", "pruning",
-           "summary",
+READERS = ["concat_pf", "pf_concat", "sure", "sure_base", "sure_mcq", "sure_generic", "sure_ranking", "sure_summaries",
+           "refeed", "refeed_refined", "pruning", "summary",
            {"name": "post_fusion", "samples": 2}]
 
 
@@ -146,6 +146,16 @@ def test_every_seed_strategy_through_the_flow(workspace, prefect_harness):
     assert gens[gens.strategy == "sure_mcq"].groupby("role").size().to_dict() == {"candidates": 3, "choice": 3}
     assert outcomes.loc[("sure_generic", "q1"), "prediction"] == "Denver Broncos"
     assert first["cells"]["bm25@2 · sure_generic · scripted"]["calls_per_q"] == 2.0
+    # Table 3 rows (2) and (3): SuRe's summaries appended to Base; SuRe's summaries ranked without validity
+    rk = gens[gens.strategy == "sure_ranking"]
+    assert rk.groupby("role").size().to_dict() == {"candidates": 3, "summary": 6, "rank": 6}
+    assert set(rk.call_id) <= set(su.call_id)  # every call is one of SuRe's (the LLM-call cache serves it)
+    assert {q: votes.loc[("sure_ranking", q), "chosen"] for q in ("q1", "q2")} == {"q1": "Denver Broncos", "q2": "Paris"}
+    sm = gens[gens.strategy == "sure_summaries"]
+    assert sm.groupby("role").size().to_dict() == {"candidates": 3, "summary": 6, "answer": 3}
+    appended = sm[sm.role == "answer"].set_index("qid").loc["q1", "prompt"]
+    assert "Summary #1: The passages support (a) Carolina Panthers." in appended
+    assert outcomes.loc[("sure_summaries", "q1"), "prediction"] == "Denver Broncos"
 
     # REFEED: retrieval with question + initial answer, then the log-probability ensemble
     rf = gens[gens.strategy == "refeed"]

@@ -44,3 +44,24 @@ def test_overrides_reject_a_non_positive_limit_by_name():
 
     with pytest.raises(SpecError, match="--limit must be a positive integer"):
         with_overrides(load_spec(CONFIGS[0]), limit=0, source="x.yaml")
+
+
+def test_seed_004_configs_hold_table1_settings_and_table3_rows():
+    from tasks.retrievers import parse_retriever
+    from tasks.retrievers.closed_book import ClosedBook
+
+    t1 = load_spec(PAPERS / "004_table1.yaml")
+    retrievers = {name: parse_retriever(name) for name in t1.retrievers}
+    assert retrievers["bm25@10"].k == 10  # Table 1: "N = 10 most relevant passages are retrieved using BM25"
+    assert isinstance(retrievers["none"], ClosedBook)  # "except no retrieval": Listing 5 with N = 0
+    assert {"sure", "sure_base"} <= {e.name for e in t1.reader_entries()}
+    header1 = (PAPERS / "004_table1.yaml").read_text()
+    assert "SuRe 33.5 / 42.3" in header1 and "No retrieval 27.6 / 39.0" in header1  # Table 1, NQ
+    t3 = load_spec(PAPERS / "004_table3.yaml")
+    assert t3.retrievers == ["bm25@10"]
+    # Table 3's rows in its order: Base, Conditional summarizations, + Pair-wise ranking, + Instance-wise validity
+    # (SuRe), MCQ prompt, Sum-and-pred (Gen)
+    assert [e.name for e in t3.reader_entries()] == ["sure_base", "sure_summaries", "sure_ranking", "sure", "sure_mcq",
+                                                     "sure_generic"]
+    header3 = (PAPERS / "004_table3.yaml").read_text()
+    assert "Conditional summarizations 30.4 / 40.9" in header3 and "+ Pair-wise ranking 30.6 / 41.2" in header3

@@ -10,7 +10,7 @@ import pytest
 from schemas.spec import SpecError, parse_spec
 from tasks.readers import get_reader, settings_for
 from tasks.readers.base import Generation, Passage, ReaderInput, ReaderSettings, parse_output
-from tasks.readers.sure import parse_candidates
+from tasks.readers.sure import MAX_CHOICES, candidates_from, parse_candidates
 
 ITEM = ReaderInput("q1", "Who won Super Bowl 50?", (
     Passage("p1", "Broncos: The Denver Broncos won.", "Broncos"),
@@ -84,13 +84,14 @@ def test_pf_concat_drops_unknown_passages_and_passes_candidates():
     ("(a) Paris [DONE]", ["Paris"]),
     ("", []),
     ("(a) , (b) ", []),
-    ("(a) unknown (b) Paris", ["Paris"]),
+    ("(a) unknown (b) Paris", ["unknown", "Paris"]),  # the official code keeps an abstention as a candidate
     ("(2000)", ["2000"]),  # seen from the 0.5B model
     ("(Percy Shelley)", ["Percy Shelley"]),
     ("(1) Charles Michel de Langlade", ["Charles Michel de Langlade"]),  # seen from the 0.5B model
     ("(1) 3.4%, (2) 4.5%", ["3.4%", "4.5%"]),
     ("Response: (b) 000", ["000"]),
-    ("Sorry, I cannot determine the answer from the passages.", []),
+    ("Sorry, I cannot determine the answer from the passages.", ["Sorry", "I cannot determine the answer from the passages"]),
+    ("(a)\nParis\n(b)\nLyon", ["Paris", "Lyon"]),  # a candidate on the line after its mark
 ])  # fmt: skip
 def test_sure_candidate_parser_is_robust(output, expected):
     assert parse_candidates(output) == expected
@@ -102,8 +103,8 @@ def test_sure_makes_seven_calls_and_decides_by_v_plus_r_with_ties_to_first():
     assert "(a) xx, (b) yy" in c1.prompt and "Passage #1 Title: Broncos\nPassage #1 Text: The Denver Broncos won." in c1.prompt
     hist = [gen(1, "candidates", "", output="(a) Carolina Panthers, (b) Denver Broncos")]
     summaries = r.plan(2, ITEM, hist, ReaderSettings())
-    assert len(summaries) == 2 and "Prediction: (b) Denver Broncos" in summaries[1].prompt
-    assert "Choices: (a) Carolina Panthers (b) Denver Broncos" in summaries[0].prompt
+    assert len(summaries) == 2 and "Prediction:(b) Denver Broncos" in summaries[1].prompt
+    assert "Choices:(a) Carolina Panthers (b) Denver Broncos" in summaries[0].prompt
     hist += [gen(2, "summary", "S-panthers"), gen(2, "summary", "S-broncos")]
     third = r.plan(3, ITEM, hist, ReaderSettings())
     assert [c.role for c in third] == ["validity", "validity", "rank", "rank"]
@@ -129,7 +130,7 @@ def test_sure_degenerate_candidates_make_no_further_calls():
     one = [gen(1, "candidates", "", output="Paris")]
     assert r.plan(2, ITEM, one, ReaderSettings()) == [] and r.plan(3, ITEM, one, ReaderSettings()) == []
     assert r.decide(ITEM, one).chosen == "Paris"
-    none = [gen(1, "candidates", "", output="Sorry, I cannot determine the answer from the passages.", status="unparseable")]
+    none = [gen(1, "candidates", "", output="", status="empty")]
     assert r.decide(ITEM, none).chosen == "unknown"
 
 
@@ -159,13 +160,13 @@ def test_sure_base_is_listing_5():
 def test_sure_generic_summarizes_then_predicts_from_the_summary():
     r = get_reader("sure_generic")
     (summary,) = r.plan(1, ITEM, [], ReaderSettings())
-    assert summary.prompt.startswith("Passage #1 Title: Broncos\nPassage #1 Text: The Denver Broncos won.")
+    assert summary.prompt.startswith("\n\nPassage #1 Title: Broncos\nPassage #1 Text: The Denver Broncos won.")
     assert "support the prediction about the question only based on" in summary.prompt  # Listing 6, no conditioning
-    assert "Choices:" not in summary.prompt and summary.prompt.endswith("Question: Who won Super Bowl 50?\nPassage:")
+    assert "Choices:" not in summary.prompt and summary.prompt.endswith("Question: Who won Super Bowl 50?\nPassage: ")
     text = "The Denver Broncos won Super Bowl 50. [DONE]"
     hist = [gen(1, "summary", parse_output(text, "sure_summary")[0], output=text)]
     (pred,) = r.plan(2, ITEM, hist, ReaderSettings())
-    assert pred.prompt.startswith("The Denver Broncos won Super Bowl 50.\n\nTask description: predict the answer")
+    assert pred.prompt == official_generic_prediction(ITEM.question, "The Denver Broncos won Super Bowl 50.")
     assert "Passage #1" not in pred.prompt and pred.passage_ids == ()
     assert r.decide(ITEM, [*hist, gen(2, "answer", "Denver Broncos")]).chosen == "Denver Broncos"
     empty = [gen(1, "summary", "", status="empty", output="[DONE]")]
@@ -191,7 +192,8 @@ def test_sure_mcq_offers_the_candidates_and_maps_the_pick(output, chosen, method
     hist = [gen(1, "candidates", parse_output(out, "sure_candidates")[0], output=out)]
     (mcq,) = r.plan(2, ITEM, hist, ReaderSettings())
     assert "Task description: predict the answer to the following question. Do not exceed 3 words." in mcq.prompt
-    assert mcq.prompt.endswith("Choices: (a) Denver Broncos (b) Carolina Panthers\nAnswer:")
+    assert mcq.prompt.endswith("Question: Who won Super Bowl 50?.\n\nChoices: (a) Denver Broncos (b) Carolina Panthers\n\n"
+                               "Answer: ")
     d = r.decide(ITEM, [*hist, gen(2, "choice", parse_output(output)[0], output=output)])
     assert (d.chosen, d.method) == (chosen, method) and d.candidates == ("Denver Broncos", "Carolina Panthers")
 
@@ -201,8 +203,252 @@ def test_sure_mcq_with_one_candidate_makes_no_second_call():
     hist = [gen(1, "candidates", "Denver Broncos", output="Denver Broncos")]
     assert r.plan(2, ITEM, hist, ReaderSettings()) == []
     assert r.decide(ITEM, hist).chosen == "Denver Broncos"
-    sentence = "The passages do not say which team won the game."
-    assert r.decide(ITEM, [gen(1, "candidates", "", status="unparseable", output=sentence)]).chosen == "unknown"
+    sentence = "The passages do not say which team won the game."  # kept whole, as the official handle_except keeps it
+    assert r.decide(ITEM, [gen(1, "candidates", "", output=sentence)]).chosen == "The passages do not say which team won the game"
+    assert r.decide(ITEM, [gen(1, "candidates", "", status="empty", output="")]).chosen == "unknown"
+
+
+# ---- seed 004: the official SuRe code as the reference values -------------------------------------
+# The official implementation (GitHub bbuing9/ICLR24_SuRe; the ChatGPT path functions/*.py and pref_eval.ipynb),
+# transcribed for one question: the tests below check the readers against what it builds and decides.
+
+SUM_INSTRUCTION = ("\n\nYour job is to act as a professional writer. You will write a good-quality passage that can support "
+                   "the given prediction about the question only based on the information in the provided supporting "
+                   "passages.\n\nNow, let's start. After you write, please write [DONE] to indicate you are done. Do not "
+                   "write a prefix (e.g., \"Response:\") while writing a passage.")
+
+
+def _ctx(item: ReaderInput) -> list[tuple[str, str]]:
+    return [(p.title, p.body) for p in item.passages]
+
+
+def official_query_candidate(question, contexts):  # functions/gen_candidates.py get_query_candidate
+    text = (f"Below are {len(contexts)} passages related to the question at the end. After reading the passages, provide "
+            "two correct candidates for the answer to the question at the end. Each answer should be in the form: (a) xx, "
+            "(b) yy, and should not exceed 3 words for each candidate.")
+    for i, (title, body) in enumerate(contexts):
+        text += f"\n\nPassage #{i+1} Title: {title}\nPassage #{i+1} Text: {body}"
+    return text + f"\n\nQuestion:\n{question}" + "\n\nAnswer: "
+
+
+def _official_normalize(s):  # functions/gen_candidates.py normalize_answer
+    while s[0] in (" ", ",", "."):
+        s = s[1:]
+    while s[-1] in (" ", ",", "."):
+        s = s[:-1]
+    return s
+
+
+def official_candidates(raw):  # functions/gen_candidates.py divide_candidates + handle_except + get_choices_sampling
+    item = []
+    for i in range(4):
+        try:
+            idx = raw.index(f"({chr(i + ord('a'))})")
+            if i < 3:
+                try:
+                    idx_next = raw.index(f"({chr(i + 1 + ord('a'))})")
+                    item.append(_official_normalize(raw[idx + 3 : idx_next]))
+                except Exception:
+                    item.append(_official_normalize(raw[idx + 3 :]))
+                    break
+            else:
+                item.append(_official_normalize(raw[idx + 3 :]))
+        except Exception:
+            item.append(_official_normalize(raw))
+            break
+    if len(item) == 1:
+        assert item[0], "handle_except's empty case is not transcribed"
+        item = [raw] if len(item[0].split(",")) > 4 else [_official_normalize(s) for s in item[0].split(",")]
+    return [c for i, c in enumerate(item) if c not in item[:i]]
+
+
+def official_summary_prompt(question, contexts, choices, pred_idx):  # functions/gen_summary.py gen_summary_mcq
+    text = "".join(f"\n\nPassage #{i+1} Title: {t}\nPassage #{i+1} Text: {b}" for i, (t, b) in enumerate(contexts))
+    listed = "".join(f"({chr(ord('a') + i)}) {c} " for i, c in enumerate(choices))[:-1]  # convert_choices_to_texts
+    text += SUM_INSTRUCTION
+    text += f"\n\nQuestion: {question}\nChoices:{listed}\nPrediction:({chr(ord('a') + pred_idx)}) {choices[pred_idx]}"
+    return text + "\nPassage: "
+
+
+def official_verification(question, pred, passage):  # functions/verification.py verification
+    return (f"Question:\n{question}\n\nPrediction:\n{pred}\n\nPassage:\n{passage}"
+            "\n\nDoes the passage correctly support the prediction? Choices: [True, False]. Answer:")
+
+
+def official_ranking(question, passages1, passages2):  # functions/verification.py ranking_summary
+    text = ("Question: Given the following passages, determine which one provides a more informative answer to the "
+            "subsequent question.")
+    text += f"\n\nPassage 1:\n{passages1}" + f"\n\nPassage 2:\n{passages2}" + f"\n\nTarget Question:\nQuestion: {question}"
+    return text + ("\n\nYour Task:\nIdentify which passage (Passage 1 or Passage 2) is more relevant and informative to answer "
+                   "the question at hand. Choices: [Passage 1, Passage 2].\n\nAnswer:")
+
+
+def official_query_baseline(question, contexts):  # functions/common.py get_query_baseline
+    text = "".join(f"Passage #{i+1} Title: {t}\nPassage #{i+1} Text: {b} \n\n" for i, (t, b) in enumerate(contexts))
+    text += "Task description: predict the answer to the following question. Do not exceed 3 words."
+    return text + f"\n\nQuestion: {question}." + "\n\nAnswer: "
+
+
+def official_generic_summary(question, contexts):  # pref_eval.ipynb summarize
+    text = "".join(f"\n\nPassage #{i+1} Title: {t}\nPassage #{i+1} Text: {b}" for i, (t, b) in enumerate(contexts))
+    return text + SUM_INSTRUCTION.replace("the given prediction", "the prediction") + f"\n\nQuestion: {question}" + "\nPassage: "
+
+
+def official_generic_prediction(question, summary):  # pref_eval.ipynb prediction
+    text = ("Below is the passage related to the question at the end. After reading the passage, provide correct answer to "
+            "the question at the end. Answer should not exceed 3 words.")
+    return text + f"\n\nPassage:\n{summary}" + f"\n\nQuestion:\n{question}" + "\n\nAnswer: "
+
+
+_RANK_CORNER_CASES = ["passage 1, passage 2", "choice (a) summary 2", "(b) the wood (summary 2)", "(b) summary 2",
+                      "[summary 1, summary 2]", "[summary 1]", "[summary 2]", "passage 1.", "passage 2.", "brady seals",
+                      "passage 1 or passage 2", "inconclusive", "no articles", "sorry", "3", "uncertain", "n", "both",
+                      "either", "passage 3", "passage 4", "passage 5", "passage 6", "passage 7", "passage 8",
+                      "not possible", "insufficient"]  # functions/verification.py error_check
+
+
+def official_postprocess_rank(pred1, pred2):  # functions/verification.py postprocess_rank
+    def error(res):
+        return any(item in res for item in _RANK_CORNER_CASES)
+
+    p1, p2 = pred1.lower(), pred2.lower()
+    if p1 == "passage 1" and p2 == "passage 2":
+        return 0
+    if p1 == "passage 2" and p2 == "passage 1":
+        return 1
+    if p1 == p2:
+        return 0.5
+    if error(p1):
+        return 0.5 if error(p2) else (0 if p2 == "passage 2" else 1)
+    if error(p2):
+        return 0 if p1 == "passage 1" else 1
+    return 0.5
+
+
+def official_final_index(correct1, correct2, answer1, answer2):  # functions/get_preds.py get_final_pred_sure, one question
+    def error_fin(res):
+        return any(item in res for item in ("Cannot", "False", "Unknown"))
+
+    res = official_postprocess_rank(answer1, answer2)  # use_api_rank
+    rank = [1.0, 0.0] if res == 0 else [0.0, 1.0] if res == 1 else [0.5, 0.5]
+    if ("True" in correct1 and "True" in correct2) or ("False" in correct1 and "False" in correct2):
+        pass
+    elif "True" in correct1 and error_fin(correct2):
+        rank = [0.5 * r + 0.5 * o for r, o in zip(rank, (1, 0), strict=True)]
+    elif error_fin(correct1) and "True" in correct2:
+        rank = [0.5 * r + 0.5 * o for r, o in zip(rank, (0, 1), strict=True)]
+    best = max(rank)
+    return 0 if rank.count(best) > 1 else rank.index(best)  # a tie: the first candidate
+
+
+SURE_HIST = [gen(1, "candidates", "", output="(a) Carolina Panthers, (b) Denver Broncos"),
+             gen(2, "summary", "S-panthers"), gen(2, "summary", "S-broncos")]
+
+
+def sure_history(v1: str, v2: str, rank1: str, rank2: str) -> list[Generation]:
+    """SURE_HIST plus round 3's outputs, parsed as the generate stage parses them."""
+    return [*SURE_HIST, *(gen(3, "validity", parse_output(v, "true_false")[0], output=v) for v in (v1, v2)),
+            *(gen(3, "rank", *parse_output(o, "passage_choice"), output=o) for o in (rank1, rank2))]
+
+
+def test_sure_prompts_are_the_official_strings():
+    r, q, ctx = get_reader("sure"), ITEM.question, _ctx(ITEM)
+    (c1,) = r.plan(1, ITEM, [], ReaderSettings())
+    assert c1.prompt == official_query_candidate(q, ctx)
+    out = "(a) Carolina Panthers, (b) Denver Broncos, (c) Seattle Seahawks"
+    hist = [gen(1, "candidates", "", output=out)]
+    choices = official_candidates(out)
+    summaries = r.plan(2, ITEM, hist, ReaderSettings())  # two summaries; the choices line lists all three candidates
+    assert [c.prompt for c in summaries] == [official_summary_prompt(q, ctx, choices, k) for k in (0, 1)]
+    hist += [gen(2, "summary", "S-panthers"), gen(2, "summary", "S-broncos")]
+    assert [c.prompt for c in r.plan(3, ITEM, hist, ReaderSettings())] == [
+        official_verification(q, "Carolina Panthers", "S-panthers"), official_verification(q, "Denver Broncos", "S-broncos"),
+        official_ranking(q, "S-panthers", "S-broncos"), official_ranking(q, "S-broncos", "S-panthers")]
+    (base,) = get_reader("sure_base").plan(1, ITEM, [], ReaderSettings())
+    assert base.prompt == official_query_baseline(q, ctx)
+    (closed,) = get_reader("sure_base").plan(1, ReaderInput("q", "who won super bowl 50", ()), [], ReaderSettings())
+    assert closed.prompt == official_query_baseline("who won super bowl 50", [])  # No retrieval: N = 0
+    generic = get_reader("sure_generic")
+    assert generic.plan(1, ITEM, [], ReaderSettings())[0].prompt == official_generic_summary(q, ctx)
+
+
+@pytest.mark.parametrize("output", [
+    "(a) The Treaty of Paris signed in 1783, (b) Treaty of Versailles",  # 8 words: kept (it was dropped over 6)
+    "(a) Paris, (b) the First Continental Congress of the United States",
+    "(a) unknown, (b) Paris",  # an abstention is a candidate
+    "(a) Paris, (b) Lyon, (c) Marseille",
+    "(a) 1925",
+    "Sorry, I cannot determine the answer from the passages.",  # unmarked: split on commas
+    "The passages do not say which of the two teams won the game in question",  # unmarked, no comma: kept whole
+    "It could be Paris, Lyon, Marseille, Nice, Toulouse or Bordeaux in France",  # more than 4 comma parts: kept whole
+])  # fmt: skip
+def test_sure_candidates_keep_what_the_official_code_keeps(output):
+    assert parse_candidates(output, MAX_CHOICES) == official_candidates(output)
+    assert candidates_from([gen(1, "candidates", "", output=output)]) == official_candidates(output)[:2]
+
+
+RANK_OUTPUTS = ("Passage 1", "Passage 2", "I cannot tell", "Both")  # the last two: unparseable for both codes
+VALIDITY_OUTPUTS = ("True", "False", "Unknown", "Cannot be determined", "Maybe")
+
+
+@pytest.mark.parametrize(("v1", "v2"), [(a, b) for a in VALIDITY_OUTPUTS for b in VALIDITY_OUTPUTS])
+def test_sure_decides_as_the_official_code_for_every_verdict_and_ranking(v1, v2):
+    r = get_reader("sure")
+    for rank1 in RANK_OUTPUTS:
+        for rank2 in RANK_OUTPUTS:
+            d = r.decide(ITEM, sure_history(v1, v2, rank1, rank2))
+            official = ("Carolina Panthers", "Denver Broncos")[official_final_index(v1, v2, rank1, rank2)]
+            assert d.chosen == official, (v1, v2, rank1, rank2, d.scores)
+
+
+def test_sure_one_unparseable_ranking_order_decides_as_the_official_code():
+    r = get_reader("sure")
+    # order (s1, s2) prefers s1, order (s2, s1) is unreadable: postprocess_rank gives s1 the whole rank, r = (1, 0)
+    assert official_postprocess_rank("Passage 1", "I cannot tell") == 0
+    d = r.decide(ITEM, sure_history("False", "True", "Passage 1", "I cannot tell"))
+    # v + r = (0 + 1, 1 + 0): a tie, so the first candidate (get_final_pred_sure: 0.5 r + 0.5 v = (0.5, 0.5));
+    # scoring the unreadable order 0.5 each (Eq. 5) would give (0.75, 1.25) and the second candidate
+    assert d.scores == (1.0, 1.0) and d.chosen == "Carolina Panthers"
+    assert official_final_index("False", "True", "Passage 1", "I cannot tell") == 0
+    # the second order alone: "Passage 1" there is s2
+    d = r.decide(ITEM, sure_history("True", "True", "Both", "Passage 1"))
+    assert d.scores == (1.0, 2.0) and d.chosen == "Denver Broncos"
+    # both unreadable: 0.5 each, validity decides
+    assert r.decide(ITEM, sure_history("True", "False", "Both", "I cannot tell")).scores == (1.5, 0.5)
+    # a True against a validity output without a verdict: get_final_pred_sure ranks alone (Eq. 4 would count it)
+    d = r.decide(ITEM, sure_history("True", "Maybe", "Passage 2", "Passage 1"))
+    assert d.scores == (0.0, 1.0) and d.chosen == "Denver Broncos"
+
+
+def test_table3_pairwise_ranking_row_ranks_sures_summaries_without_validity():
+    sure, ranking, s = get_reader("sure"), get_reader("sure_ranking"), ReaderSettings()
+    assert ranking.plan(1, ITEM, [], s) == sure.plan(1, ITEM, [], s)  # the same calls: shared via the LLM-call cache
+    assert ranking.plan(2, ITEM, SURE_HIST[:1], s) == sure.plan(2, ITEM, SURE_HIST[:1], s)
+    assert ranking.plan(3, ITEM, SURE_HIST, s) == [c for c in sure.plan(3, ITEM, SURE_HIST, s) if c.role == "rank"]
+    hist = sure_history("True", "False", "Passage 2", "Passage 1")  # both orders prefer s2; s2 is not valid
+    d = ranking.decide(ITEM, hist)
+    assert (d.method, d.scores, d.chosen) == ("sure-rank-only", (0.0, 1.0), "Denver Broncos")
+    assert sure.decide(ITEM, hist).chosen == "Carolina Panthers"  # with validity: v + r = (1, 1), a tie to the first
+    assert ranking.decide(ITEM, sure_history("True", "False", "Passage 1", "Passage 1")).chosen == "Carolina Panthers"
+    assert ranking.decide(ITEM, sure_history("False", "True", "Both", "Passage 1")).chosen == "Denver Broncos"
+    one = [gen(1, "candidates", "", output="(a) Denver Broncos")]
+    assert ranking.plan(2, ITEM, one, s) == [] and ranking.plan(3, ITEM, one, s) == []
+    assert ranking.decide(ITEM, one).chosen == "Denver Broncos"
+
+
+def test_table3_conditional_summaries_row_appends_sures_summaries_to_base():
+    sure, row, s = get_reader("sure"), get_reader("sure_summaries"), ReaderSettings()
+    assert row.plan(1, ITEM, [], s) == sure.plan(1, ITEM, [], s)
+    assert row.plan(2, ITEM, SURE_HIST[:1], s) == sure.plan(2, ITEM, SURE_HIST[:1], s)
+    (call,) = row.plan(3, ITEM, SURE_HIST, s)
+    base = official_query_baseline(ITEM.question, _ctx(ITEM))
+    at = base.index("Task description")
+    assert call.prompt == base[:at] + "Summary #1: S-panthers\n\nSummary #2: S-broncos\n\n" + base[at:]
+    assert call.passage_ids == ("p1", "p2", "p3")
+    d = row.decide(ITEM, [*SURE_HIST, gen(3, "answer", "Denver Broncos")])
+    assert (d.method, d.chosen) == ("summaries-appended", "Denver Broncos")
+    one = [gen(1, "candidates", "", output="(a) Denver Broncos")]  # no summaries: Base's own call
+    assert row.plan(2, ITEM, one, s) == [] and row.plan(3, ITEM, one, s) == get_reader("sure_base").plan(1, ITEM, [], s)
 
 
 # ---- seed 003: REFEED -----------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from tasks.readers.fallback_001 import ConcatThenPF, PFThenConcat
 from tasks.readers.post_fusion import PostFusion
 from tasks.readers.refeed import Refeed, RefeedRefined
 from tasks.readers.sure import SuRe, SuReBase
-from tasks.readers.sure_ablations import SuReGeneric, SuReMCQ
+from tasks.readers.sure_ablations import SuReGeneric, SuReMCQ, SuReRanking, SuReSummaries
 
 READERS: dict[str, type[Reader]] = {
     Concatenation.name: Concatenation,
@@ -24,6 +24,8 @@ READERS: dict[str, type[Reader]] = {
     SuReBase.name: SuReBase,
     SuReGeneric.name: SuReGeneric,
     SuReMCQ.name: SuReMCQ,
+    SuReRanking.name: SuReRanking,
+    SuReSummaries.name: SuReSummaries,
 }
 
 
