@@ -210,19 +210,22 @@ def log_to_parent(res: AnalysisResult, files: list[Path], execution: dict, base:
         for k in ("eor_em", "eor_f1", "eor_mrlr", "best_single_em", "best_single_mrlr"):
             if k in res.eor:
                 metrics[f"analysis.{k}"] = float(res.eor[k])
-    logger.log(run_id, metrics={k: v for k, v in metrics.items() if v is not None and np.isfinite(v)},
-               tags={"ragledger.analysis_version": ANALYSIS_VERSION})
+    tags = {"ragledger.analysis_version": ANALYSIS_VERSION}
+    if res.eor.get("pooling"):  # the analysis.eor_* metrics are under this pooling (tracking/eor.py)
+        tags["ragledger.eor_pooling"] = str(res.eor["pooling"])
+    logger.log(run_id, metrics={k: v for k, v in metrics.items() if v is not None and np.isfinite(v)}, tags=tags)
     res.parent_run_id, res.tracking_uri = run_id, uri
 
 
 def run_analysis(store_root: str | Path, experiment: str, out_dir: str | Path | None = None, metric: str = "em",
                  eor: bool = True, log_mlflow: bool = True, n_resamples: int = 1000, seed: int = 0,
-                 eor_train: str | None = None) -> AnalysisResult:
+                 eor_train: str | None = None, eor_pooling: str = "mean") -> AnalysisResult:
     """Analyse the latest execution of `experiment` and write (and log) the results.
 
     The main analysis covers the execution's cells on every question they share. EoR (fitted on the
     training split) is analysed like any other cell, beside its member cells, on the held-out questions
-    only, so no in-sample answer is ever reported; those tables go under `eor/`.
+    only, so no in-sample answer is ever reported; those tables go under `eor/`. `eor_pooling`: mean (seed 002's),
+    max, majority, plurality, or search (the best on training accuracy); see tracking/eor.py.
     """
     execution = latest_execution(store_root, experiment)
     outcomes = load_outcomes(store_root, experiment, execution)
@@ -235,7 +238,7 @@ def run_analysis(store_root: str | Path, experiment: str, out_dir: str | Path | 
 
         train = None if eor_train is None else load_outcomes(store_root, eor_train, latest_execution(store_root, eor_train))
         eor_outcomes, info = eor_cells(store_root, experiment, outcomes, seed=seed, train_outcomes=train,
-                                       train_experiment=eor_train)
+                                       train_experiment=eor_train, pooling=eor_pooling)
         if info:
             res.eor = dict(info)
         for k, cell in enumerate(info.get("cells", [])):
@@ -284,8 +287,8 @@ def _eor_summary(eres: AnalysisResult, cell: str, members: list[str]) -> dict[st
 
 @flow(name="ragledger-analyze", version=ANALYSIS_VERSION)
 def analyze_flow(store_root: str, experiment: str, out_dir: str | None = None, metric: str = "em", eor: bool = True,
-                 log_mlflow: bool = True, eor_train: str | None = None) -> dict[str, Any]:
-    res = run_analysis(store_root, experiment, out_dir, metric, eor, log_mlflow, eor_train=eor_train)
+                 log_mlflow: bool = True, eor_train: str | None = None, eor_pooling: str = "mean") -> dict[str, Any]:
+    res = run_analysis(store_root, experiment, out_dir, metric, eor, log_mlflow, eor_train=eor_train, eor_pooling=eor_pooling)
     return {"experiment": experiment, "metric": metric, "questions": res.questions, "cells": res.cells,
             "files": [str(f) for f in res.files], "parent_run_id": res.parent_run_id, "tracking_uri": res.tracking_uri,
             "dropped_questions": res.dropped_questions,

@@ -255,6 +255,8 @@ def register(app: typer.Typer) -> None:
         metric: Annotated[str, typer.Option(help="correctness for RWR/MRLR: em, or semantic (the BEM stand-in)")] = "em",
         eor_train: Annotated[str | None, typer.Option(help="fit EoR on this experiment's outcomes (default: a hashed-qid "
                                                            "split of this experiment's questions)")] = None,
+        eor_pooling: Annotated[str, typer.Option("--eor-pooling", help="EoR pooling: mean (seed 002's), max, majority, "
+                                                 "plurality, or search (the best of the four on training accuracy)")] = "mean",
     ) -> None:
         """Run the analysis flow: RWR/MRLR, error decomposition, statistics, EoR; plots + tables + report to MLflow."""
         from ragledger.prefect_env import configure_prefect_home
@@ -262,11 +264,14 @@ def register(app: typer.Typer) -> None:
         configure_prefect_home(Path.cwd())
         from flows.analyze import analyze_flow
         from tracking.analysis import AnalysisError
+        from tracking.eor import POOLING_CHOICES
 
+        if eor_pooling not in POOLING_CHOICES:
+            _fail(f"--eor-pooling must be one of {', '.join(POOLING_CHOICES)}, got {eor_pooling!r}")
         if not Path(store).is_dir():
             _fail(f"--store {store}: no such directory")
         try:
-            r = analyze_flow(store, experiment, str(out) if out else None, metric, eor, mlflow, eor_train)
+            r = analyze_flow(store, experiment, str(out) if out else None, metric, eor, mlflow, eor_train, eor_pooling)
         except AnalysisError as exc:
             _fail(str(exc))
         print_analysis(r)
@@ -338,11 +343,12 @@ def print_analysis(r: dict) -> None:
     eor = r.get("eor") or {}
     for cell, sm in (eor.get("summaries") or {}).items():
         fit = eor["fits"][cell]
+        searched = " (searched on training accuracy)" if fit.get("pooling_option") == "search" else ""
         console.print(f"EoR {escape(cell)} on {sm['held_out_questions']} held-out questions: EM "
                       f"{100 * sm['eor_em']:.1f}, F1 {100 * sm['eor_f1']:.1f}, MRLR {100 * sm['eor_mrlr']:.1f} vs best single "
                       f"{escape(sm['best_single'])}: EM {100 * sm['best_single_em']:.1f}, "
                       f"F1 {100 * sm['best_single_f1']:.1f}, "
-                      f"MRLR {100 * sm['best_single_mrlr']:.1f}; pooling {fit['pooling']}, "
+                      f"MRLR {100 * sm['best_single_mrlr']:.1f}; pooling {fit['pooling']}{searched}, "
                       f"w {json.dumps({k: round(v, 3) for k, v in fit['w'].items()})}, "
                       f"β {json.dumps({k: round(v, 3) for k, v in fit['beta'].items()})}, dropped {fit['dropped']}")
     for sk in eor.get("skipped", []):

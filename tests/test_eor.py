@@ -69,7 +69,7 @@ def test_fit_recovers_the_better_retriever(tmp_path):
     outcomes = synthetic_store(tmp_path)
     out, info = eor.eor_cells(tmp_path, "syn", outcomes, metrics=("em", "f1"))
     (cell,) = info["cells"]
-    assert cell == "eor(bad1,bad2,good) · concatenation · m"
+    assert cell == "eor(bad1,bad2,good,pooling=mean) · concatenation · m"
     fit = info["fits"][cell]
     beta = fit["beta"]
     assert beta["good"] > beta["bad1"] and beta["good"] > beta["bad2"]
@@ -123,3 +123,95 @@ def test_analysis_flow_reports_eor_as_a_cell_on_held_out_questions(tmp_path):
     names = {str(f.relative_to(tmp_path / "analysis" / "syn")) for f in res.files}
     assert {"eor1/rwr_heatmap.png", "eor1/inconsistency.parquet", "eor_weights.parquet", "eor.json", "report.html"} <= names
     assert "Ensemble of Retrievers" in (tmp_path / "analysis" / "syn" / "report.html").read_text()
+
+
+# Five retrievers r1..r5 (EoR's member order: r1 is right on 3 of the 4 patterns, r2-r4 on 1, r5 on none). In A the
+# correct answer is held by r2, r3, r4; in B1-B3 r1 alone is right while the other four split into two agreeing
+# pairs, a different pairing each time.
+POOLING_PATTERNS = {  # pattern -> (answers of r1..r5, gold)
+    "A": (("z", "x", "x", "x", "w"), "x"),
+    "B1": (("x", "y", "y", "v", "v"), "x"),
+    "B2": (("x", "y", "v", "y", "v"), "x"),
+    "B3": (("x", "v", "y", "y", "v"), "x"),
+}
+
+
+def pooling_store(root, experiment: str, copies: int = 1):
+    rows = []
+    for n in range(copies):
+        for name, (answers, gold) in POOLING_PATTERNS.items():
+            q = f"{name}-{n}"
+            for r, a in zip(("r1", "r2", "r3", "r4", "r5"), answers, strict=True):
+                rows.append(outcome_row(experiment, r, q, f"{a} {q}", f"{gold} {q}"))  # answers never match across questions
+    store = EventStore(root)
+    store.write("outcomes", new_events("outcomes", experiment, rows))
+    return store.read("outcomes", experiment)
+
+
+def test_mean_and_majority_pooling_pick_different_answers_by_hand():
+    """B1 with equal weights (EM only, β 0.3 each; 4 voters per answer, majority needs ⌈4/2⌉ = 2 agreeing):
+    mean pools r1 0 and r2..r5 1/4, so it takes r2's "y" (the first maximum); majority pools every answer 0 (each
+    agrees with one other only), so all scores tie at 0 and it takes r1's "x", the correct one."""
+    answers, _ = POOLING_PATTERNS["B1"]
+    unk = np.zeros((1, 5), dtype=bool)
+    s = eor.similarity_tensor([list(answers)], unk, ("em",))
+    w, beta = np.array([0.3]), np.full(5, 0.3)
+    assert eor.choose(s, unk, w, beta, "mean")[0] == 1
+    assert eor.choose(s, unk, w, beta, "majority")[0] == 0
+    assert eor.choose(s, unk, w, beta, "max")[0] == eor.choose(s, unk, w, beta, "plurality")[0] == 1
+
+
+def test_eor_pooling_is_mean_by_default_and_searched_only_when_asked(tmp_path):
+    """Mean cannot get A and all of B1-B3 right under any (w, β): B right needs r1 active and no two active
+    retrievers of r2..r5 agreeing (else a pair outscores r1's lone answer), A right needs two of r2, r3, r4 active
+    and agreeing, and B1-B3 forbid each of those pairs (w = 0 leaves r1's answer everywhere: A wrong). Majority gets
+    all four right with the equal weights of the fit's first start (see the hand-computed case above; in A, r2-r4
+    are a majority). So `search` keeps majority, and the default keeps mean."""
+    held_out = pooling_store(tmp_path, "pool")
+    train = pooling_store(tmp_path / "train", "pool-fit")
+
+    out, info = eor.eor_cells(tmp_path, "pool", held_out, metrics=("em",), train_outcomes=train, train_experiment="pool-fit")
+    (cell,) = info["cells"]
+    assert cell == "eor(r1,r2,r3,r4,r5,pooling=mean) · concatenation · m" and info["pooling"] == "mean"
+    fit = info["fits"][cell]
+    assert fit["pooling"] == fit["pooling_option"] == "mean" and fit["train_accuracy"] <= 0.75
+    assert out["em"].mean() <= 0.75  # some held-out pattern is answered wrongly
+
+    s_out, s_info = eor.eor_cells(tmp_path, "pool", held_out, metrics=("em",), train_outcomes=train,
+                                  train_experiment="pool-fit", pooling="search")
+    (s_cell,) = s_info["cells"]
+    assert s_cell == "eor(r1,r2,r3,r4,r5,pooling=search:majority) · concatenation · m"
+    s_fit = s_info["fits"][s_cell]
+    assert (s_fit["pooling"], s_fit["pooling_option"], s_fit["train_accuracy"]) == ("majority", "search", 1.0)
+    assert s_out["em"].mean() == 1.0
+    # the two poolings answered differently, and both answers are kept as separate cells
+    both = out.set_index("qid")["prediction"].compare(s_out.set_index("qid")["prediction"])
+    assert len(both) >= 1
+    stored = EventStore(tmp_path).read("outcomes", "pool")
+    assert {cell, s_cell} <= set(stored["cell"])
+
+    # a pooling fixed by name is used as named, without the search
+    m_out, m_info = eor.eor_cells(tmp_path, "pool", held_out, metrics=("em",), train_outcomes=train,
+                                  train_experiment="pool-fit", pooling="majority")
+    assert m_info["cells"] == ["eor(r1,r2,r3,r4,r5,pooling=majority) · concatenation · m"]
+    assert m_out["em"].mean() == 1.0
+    with pytest.raises(ValueError, match="EoR pooling must be one of mean, max, majority, plurality, search"):
+        eor.eor_cells(tmp_path, "pool", held_out, metrics=("em",), pooling="median")
+
+
+def test_analyze_command_eor_pooling_option(tmp_path, prefect_harness):
+    from typer.testing import CliRunner
+
+    from ragledger.cli import app
+
+    pooling_store(tmp_path, "pool", copies=4)
+    run = CliRunner().invoke(app, ["analyze", "pool", "--store", str(tmp_path), "--no-mlflow"], env={"COLUMNS": "400"})
+    assert run.exit_code == 0, run.output
+    assert "eor(r1,r2,r3,r4,r5,pooling=mean)" in run.output and "pooling mean," in run.output
+    run = CliRunner().invoke(app, ["analyze", "pool", "--store", str(tmp_path), "--no-mlflow", "--eor-pooling", "search"],
+                             env={"COLUMNS": "400"})
+    assert run.exit_code == 0, run.output
+    # which pooling the search keeps here depends on the F1 and cosine similarities too (the CLI fits all three)
+    assert "eor(r1,r2,r3,r4,r5,pooling=search:" in run.output and "(searched on training accuracy)" in run.output
+    run = CliRunner().invoke(app, ["analyze", "pool", "--store", str(tmp_path), "--eor-pooling", "median"])
+    assert run.exit_code == 2 and "--eor-pooling must be one of mean, max, majority, plurality, search" in run.output

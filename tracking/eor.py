@@ -17,7 +17,10 @@ so its label cannot depend on how they relate, and it downloads NLTK data on imp
 classifier holds no model; mutual-implication-score loads its weights from a model hub).
 w_m and β_r are fitted by Nelder-Mead (SciPy, bounds [0, 0.6]) to maximise EM accuracy on a training
 split; a retriever whose β < 0.1 is dropped (neither candidate nor voter), during the search as in
-the paper. The pooling with the best training accuracy is kept. Conventions: an "unknown" answer
+the paper. The pooling is mean by default, the paper's (seed 002 §5: "mean pooling for the pooling
+function"); any of the four can be fixed instead, or `search` fits each and keeps the one with the best
+training accuracy (the first of POOLINGS on a tie). The EoR cell names it: retriever
+`eor(r1,...,rn,pooling=mean)`, or `pooling=search:<chosen>`. Conventions: an "unknown" answer
 has similarity 0 to everything and is chosen only when every active answer is unknown; ties go to
 the retriever with the better training accuracy. Questions are split deterministically by a hash of
 their id (TRAIN_SHARE for training); the fitted EoR is evaluated on the held-out rest only.
@@ -38,9 +41,12 @@ from scipy.optimize import minimize
 from ragledger.answers import normalize_answer
 from tracking.events import EventStore, event_id, new_events, stable_hash
 
-EOR_VERSION = "eor-1"
+EOR_VERSION = "eor-2"  # eor-2: one pooling (mean by default) unless `search` is asked for; the cell names it
 METRICS = ("em", "f1", "cosine")
 POOLINGS = ("mean", "max", "majority", "plurality")
+SEARCH = "search"  # fit every pooling, keep the best on training accuracy
+POOLING_CHOICES = (*POOLINGS, SEARCH)
+DEFAULT_POOLING = "mean"  # seed 002 §5
 UPPER = 0.6
 DROP_BELOW = 0.1
 THRESHOLD = 0.5
@@ -127,26 +133,40 @@ def choose(s: np.ndarray, unknown: np.ndarray, w: np.ndarray, beta: np.ndarray, 
 
 @dataclass
 class EoRFit:
-    pooling: str
+    pooling: str  # the pooling used: the requested one, or the one `search` chose
     w: np.ndarray
     beta: np.ndarray
     train_accuracy: float
     metrics: tuple[str, ...]
+    requested: str = DEFAULT_POOLING  # a pooling of POOLINGS, or SEARCH
+
+    @property
+    def label(self) -> str:
+        """The pooling as the EoR cell names it: `mean`, ..., or `search:<chosen>`."""
+        return f"{SEARCH}:{self.pooling}" if self.requested == SEARCH else self.pooling
+
+
+def check_pooling(pooling: str) -> str:
+    if pooling not in POOLING_CHOICES:
+        raise ValueError(f"EoR pooling must be one of {', '.join(POOLING_CHOICES)}, got {pooling!r}")
+    return pooling
 
 
 def fit(s: np.ndarray, unknown: np.ndarray, correct: np.ndarray, metrics: tuple[str, ...] = METRICS,
-        poolings: tuple[str, ...] = POOLINGS, seed: int = 0, restarts: int = 8) -> EoRFit:
+        pooling: str = DEFAULT_POOLING, seed: int = 0, restarts: int = 8) -> EoRFit:
     """Nelder-Mead over (w, β) in [0, 0.6] maximising training accuracy; several seeded starts because
-    accuracy is piecewise constant in the parameters."""
+    accuracy is piecewise constant in the parameters. `pooling` fixes the pooling; SEARCH tries each of
+    POOLINGS and keeps the best."""
+    poolings = POOLINGS if check_pooling(pooling) == SEARCH else (pooling,)
     nm, r = s.shape[1], s.shape[2]
     rng = np.random.default_rng(seed)
     starts = [np.full(nm + r, UPPER / 2), np.full(nm + r, UPPER)]
     starts += [rng.uniform(0, UPPER, nm + r) for _ in range(restarts)]
     best: EoRFit | None = None
-    for pooling in poolings:
-        def loss(x: np.ndarray, pooling: str = pooling) -> float:
+    for pool in poolings:
+        def loss(x: np.ndarray, pool: str = pool) -> float:
             x = np.clip(x, 0, UPPER)
-            pick = choose(s, unknown, x[:nm], x[nm:], pooling)
+            pick = choose(s, unknown, x[:nm], x[nm:], pool)
             return -float(correct[np.arange(len(pick)), pick].mean())
 
         for x0 in starts:
@@ -157,7 +177,7 @@ def fit(s: np.ndarray, unknown: np.ndarray, correct: np.ndarray, metrics: tuple[
             x = np.clip(res.x, 0, UPPER)
             acc = -loss(x)
             if best is None or acc > best.train_accuracy + 1e-12:
-                best = EoRFit(pooling, x[:nm].copy(), x[nm:].copy(), acc, metrics)
+                best = EoRFit(pool, x[:nm].copy(), x[nm:].copy(), acc, metrics, pooling)
     assert best is not None
     return best
 
@@ -165,9 +185,9 @@ def fit(s: np.ndarray, unknown: np.ndarray, correct: np.ndarray, metrics: tuple[
 def eor_cells(store_root: str | Path, experiment: str, outcomes: pd.DataFrame, seed: int = 0,
               metrics: tuple[str, ...] = METRICS, train_share: float = TRAIN_SHARE,
               train_outcomes: pd.DataFrame | None = None, train_experiment: str | None = None,
-              ) -> tuple[pd.DataFrame, dict[str, Any]]:
+              pooling: str = DEFAULT_POOLING) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Fit one EoR per (reader, model) over its retriever-cells, write its held-out answers as
-    OutcomeRecords (retriever `eor(r1,r2,...)`), and return (those outcomes, fit info).
+    OutcomeRecords (retriever `eor(r1,r2,...,pooling=<pooling>)`), and return (those outcomes, fit info).
 
     With `train_outcomes` (another experiment's outcomes, cells matched by retriever, reader and
     model) the voter is fitted on all of those and evaluated on every question of this experiment;
@@ -176,8 +196,9 @@ def eor_cells(store_root: str | Path, experiment: str, outcomes: pd.DataFrame, s
     tbase = None if train_outcomes is None else train_outcomes[~train_outcomes["retriever"].astype(str).str.startswith("eor(")]
     rows_all: list[pd.DataFrame] = []
     split = f"sha256(qid) < {train_share} → train" if tbase is None else f"trained on experiment {train_experiment}"
+    check_pooling(pooling)
     info: dict[str, Any] = {"cells": [], "members": {}, "fits": {}, "weights_table": [], "test_qids": [], "train_qids": [],
-                            "version": EOR_VERSION, "split": split}
+                            "version": EOR_VERSION, "split": split, "pooling": pooling}
     for (strategy, model), grp in base.groupby(["strategy", "model"], sort=True):
         wide = {c: g.drop_duplicates("qid").set_index("qid") for c, g in grp.groupby("cell")}
         retr = {c: str(w["retriever"].iloc[0]) for c, w in wide.items()}
@@ -213,15 +234,17 @@ def eor_cells(store_root: str | Path, experiment: str, outcomes: pd.DataFrame, s
             return similarity_tensor(ans, unk, metrics), unk, cor
 
         s_tr, u_tr, c_tr = arrays(train, train_wide)
-        f = fit(s_tr, u_tr, c_tr, metrics, seed=seed)
+        f = fit(s_tr, u_tr, c_tr, metrics, pooling=pooling, seed=seed)
         s_te, u_te, _ = arrays(test, wide)
         pick = choose(s_te, u_te, f.w, f.beta, f.pooling)
         retrievers = [str(wide[c]["retriever"].iloc[0]) for c in members]
         kept = [r for r, b in zip(retrievers, f.beta, strict=True) if b >= DROP_BELOW]
-        eor_retriever = f"eor({','.join(sorted(retrievers))})"
+        # the pooling in the name: answers under different poolings are different cells, side by side in the store
+        eor_retriever = f"eor({','.join(sorted(retrievers))},pooling={f.label})"
         cell = f"{eor_retriever} · {strategy} · {model}"
         train_ids = [] if tbase is None else sorted(str(x) for c in members for x in train_wide[c]["event_id"])
-        fit_key = stable_hash(EOR_VERSION, [str(x) for x in grp["event_id"].sort_values()], train_ids, metrics, seed, train_share)
+        fit_key = stable_hash(EOR_VERSION, [str(x) for x in grp["event_id"].sort_values()], train_ids, metrics, seed, train_share,
+                              pooling)
         rows = []
         for n, q in enumerate(test):
             src = wide[members[pick[n]]].loc[q]
@@ -244,7 +267,7 @@ def eor_cells(store_root: str | Path, experiment: str, outcomes: pd.DataFrame, s
         info["members"][cell] = members
         info["train_qids"] = sorted(set(info["train_qids"]) | set(train))
         info["test_qids"] = sorted(set(info["test_qids"]) | set(test))
-        info["fits"][cell] = {"pooling": f.pooling, "train_accuracy": f.train_accuracy, "kept": kept,
+        info["fits"][cell] = {"pooling": f.pooling, "pooling_option": pooling, "train_accuracy": f.train_accuracy, "kept": kept,
                               "dropped": [r for r in retrievers if r not in kept], "train": len(train), "test": len(test),
                               "w": dict(zip(metrics, map(float, f.w), strict=True)),
                               "beta": dict(zip(retrievers, map(float, f.beta), strict=True))}
