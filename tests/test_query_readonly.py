@@ -58,7 +58,7 @@ def test_statements_that_are_not_one_select_are_refused_and_write_nothing(store,
     ws = store.parent
     segment = sorted(store.rglob("seg-*.parquet"))[0]
     before = snapshot(ws)
-    with pytest.raises(tq.ReadOnlyQueryError, match="only reads|one statement at a time"):
+    with pytest.raises(tq.ReadOnlyQueryError, match=r"only reads|one statement at a time"):
         tq.query(store, REFUSED[case].format(ws=ws, segment=segment))
     assert snapshot(ws) == before
 
