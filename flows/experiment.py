@@ -35,7 +35,8 @@ from tasks.readers import get_reader, settings_for
 from tasks.retrieve import retrieve_task
 from tasks.retrievers import parse_retriever
 from tasks.vote import vote_task
-from tracking.events import PROJECTIONS_DIR, EventStore, event_id, new_events, stable_hash, temp_path
+from tracking.diskfull import as_store_full, reported_as_store_full
+from tracking.events import PROJECTIONS_DIR, EventStore, event_id, new_events, stable_hash, temp_path, write_text_atomically
 from tracking.metrics import METRICS_VERSION, cached_cell_metrics, cell_metrics
 from tracking.mlflow_log import MlflowLogger, flatten, resolve_tracking_uri, safe_spec
 from tracking.readers_table import readers_table, write_readers_table
@@ -158,10 +159,16 @@ def recall_curve_files(store: EventStore, questions_df, segments: dict[str, list
     curve = recall_at_k_curve(retrievals, questions_df, list(segments))
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = temp_path(out_dir)  # written aside, then renamed: a killed run leaves no half file
-    curve.to_csv(tmp.with_suffix(".csv"), index=False)
-    plot_recall_curve(curve, tmp.with_suffix(".png"))
-    for f in files:
-        tmp.with_suffix(f.suffix).replace(f)
+    try:
+        with reported_as_store_full(out_dir):
+            curve.to_csv(tmp.with_suffix(".csv"), index=False)
+            plot_recall_curve(curve, tmp.with_suffix(".png"))
+            for f in files:
+                tmp.with_suffix(f.suffix).replace(f)
+    except BaseException:  # e.g. out of space: no temp file left behind for `store verify` to flag
+        for f in files:
+            tmp.with_suffix(f.suffix).unlink(missing_ok=True)
+        raise
     return [str(f) for f in files]
 
 
@@ -426,9 +433,10 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
     manifest_dir = Path(store_root) / "runs" / spec.name
     manifest_dir.mkdir(parents=True, exist_ok=True)
     manifest = manifest_dir / f"{time.strftime('%Y%m%dT%H%M%S')}-{run_token[:8]}.json"
-    manifest.write_text(json.dumps({"summary": asdict(summary), "segments": cell_segments,
-                                    "closed_book_filter_segments": filter_segments,
-                                    "spec": safe_spec(spec_dict)}, indent=2, default=str))
+    # aside and renamed: a full disk or a kill never leaves half a manifest (latest_execution would refuse it)
+    write_text_atomically(manifest, json.dumps({"summary": asdict(summary), "segments": cell_segments,
+                                                "closed_book_filter_segments": filter_segments,
+                                                "spec": safe_spec(spec_dict)}, indent=2, default=str))
     summary.manifest = str(manifest)
     return asdict(summary)
 
@@ -460,8 +468,16 @@ def run_experiment(spec_dict: dict, store_root: str, base_url: str | None = None
     task_runner = task_runner_for(runner or execution.runner, workers or execution.workers,
                                   scheduler_address or execution.scheduler_address)
     flow_fn = experiment_flow if task_runner is None else experiment_flow.with_options(task_runner=task_runner)
-    with without_default_heartbeats():
-        return flow_fn(spec_dict, store_root, tracking_uri, base_url)
+    try:
+        with without_default_heartbeats():
+            return flow_fn(spec_dict, store_root, tracking_uri, base_url)
+    except Exception as exc:
+        # out of space anywhere under the store (a segment, a projection, the LLM-call cache, even in the model-call
+        # process): one StoreFullError naming the file, whichever writer hit it first (tracking/diskfull.py)
+        full = as_store_full(exc, store_root)
+        if full is None:
+            raise
+        raise full from None
 
 
 HEARTBEAT_SETTINGS = ("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", "PREFECT_RUNNER_HEARTBEAT_FREQUENCY")

@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 from ragledger.crash import crashpoint
 from ragledger.processes import pid_alive
 from schemas.records import RECORD_MODELS, SCHEMA_VERSION, columns_of, validate_records
+from tracking.diskfull import reported_as_store_full
 
 # derived, rebuildable views of the segments (overlap sets, cell metrics) live under <store>/projections/
 PROJECTIONS_DIR = "projections"
@@ -41,14 +42,15 @@ def temp_path(directory: Path, suffix: str = "") -> Path:
 
 def write_text_atomically(path: Path, text: str) -> None:
     """Write a small derived file (a projection) aside and rename it into place: readers never see half of it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_path(path.parent, path.suffix)
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with reported_as_store_full(path):  # a full filesystem: StoreFullError naming the file, nothing left behind
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = temp_path(path.parent, path.suffix)
+        try:
+            tmp.write_text(text, encoding="utf-8")
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
 
 CHECKSUM_KEY = b"ragledger.checksum"
 KIND_KEY = b"ragledger.kind"
@@ -125,28 +127,31 @@ class EventStore:
         target = self.kind_dir(kind, str(experiments[0])) / seg
         if target.exists():
             return target
-        target.parent.mkdir(parents=True, exist_ok=True)
         table = pa.Table.from_pandas(df.reset_index(drop=True), preserve_index=False)
         table = table.replace_schema_metadata(
             {**(table.schema.metadata or {}), CHECKSUM_KEY: _parquet_roundtrip_checksum(table).encode(), KIND_KEY: kind.encode()}
         )
-        # the writer's pid in the temp name lets a later run tell an abandoned temp file from a live one
-        fd, tmp = tempfile.mkstemp(prefix=f".tmp-{os.getpid()}-", suffix=".parquet", dir=target.parent)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                pq.write_table(table, fh, compression="zstd")
-                fh.flush()
-                os.fsync(fh.fileno())
-            crashpoint("events.before_rename")
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        dir_fd = os.open(target.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        # out of space (ENOSPC from mkdir, the write or the fsync): the temp file is removed below and the error names
+        # the segment (tracking/diskfull.py); the target name appears only by the rename, so never half-written
+        with reported_as_store_full(target):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            # the writer's pid in the temp name lets a later run tell an abandoned temp file from a live one
+            fd, tmp = tempfile.mkstemp(prefix=f".tmp-{os.getpid()}-", suffix=".parquet", dir=target.parent)
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    pq.write_table(table, fh, compression="zstd")
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                crashpoint("events.before_rename")
+                os.replace(tmp, target)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+            dir_fd = os.open(target.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
         return target
 
     def remove_abandoned_temp_files(self) -> int:

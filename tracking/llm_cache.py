@@ -13,19 +13,23 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tracking.diskfull import reported_as_store_full
+
 
 class LLMCallCache:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._conn = sqlite3.connect(self.path, timeout=60, check_same_thread=False, isolation_level=None)
-        _enable_wal(self._conn)
-        self._conn.execute("PRAGMA synchronous=NORMAL")
-        self._conn.execute(
-            "CREATE TABLE IF NOT EXISTS llm_calls (key TEXT PRIMARY KEY, response TEXT NOT NULL,"
-            " created_at TEXT DEFAULT CURRENT_TIMESTAMP)"
-        )
+        # a full filesystem: StoreFullError naming this file (SQLite rolls the write back; the cache stays whole)
+        with reported_as_store_full(self.path):
+            self._conn = sqlite3.connect(self.path, timeout=60, check_same_thread=False, isolation_level=None)
+            _enable_wal(self._conn)
+            self._conn.execute("PRAGMA synchronous=NORMAL")
+            self._conn.execute(
+                "CREATE TABLE IF NOT EXISTS llm_calls (key TEXT PRIMARY KEY, response TEXT NOT NULL,"
+                " created_at TEXT DEFAULT CURRENT_TIMESTAMP)"
+            )
 
     def get(self, key: str) -> dict[str, Any] | None:
         with self._lock:
@@ -33,7 +37,7 @@ class LLMCallCache:
         return json.loads(row[0]) if row else None
 
     def put(self, key: str, response: dict[str, Any]) -> None:
-        with self._lock:
+        with self._lock, reported_as_store_full(self.path):
             self._conn.execute(
                 "INSERT OR IGNORE INTO llm_calls (key, response) VALUES (?, ?)", (key, json.dumps(response))
             )

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from tracking.diskfull import reported_as_store_full
 from tracking.events import temp_path
 
 # (column, header, decimals); numbers are percentages except tokens/calls per question. "em_ci" is shown from
@@ -86,10 +87,15 @@ def write_readers_table(table: pd.DataFrame, out_dir: Path, title: str = "") -> 
     paths = []
     for name in FILES:
         tmp = temp_path(out_dir, f"-{name}")
-        if name.endswith(".csv"):
-            table.to_csv(tmp, index=False)
-        else:
-            tmp.write_text(contents[name], encoding="utf-8")
-        tmp.replace(out_dir / name)
+        try:
+            with reported_as_store_full(out_dir / name):
+                if name.endswith(".csv"):
+                    table.to_csv(tmp, index=False)
+                else:
+                    tmp.write_text(contents[name], encoding="utf-8")
+                tmp.replace(out_dir / name)
+        except BaseException:  # e.g. out of space: no temp file left for `store verify` to flag
+            tmp.unlink(missing_ok=True)
+            raise
         paths.append(str(out_dir / name))
     return paths
