@@ -74,7 +74,7 @@ class GenerationRecord(EventColumns):
     passage_ids: Series[object]
     output: Series[str]
     parsed_answer: Series[str]
-    parse_status: Series[str] = pa.Field(isin=["ok", "unparseable", "empty", "error"])
+    parse_status: Series[str] = pa.Field(isin=["ok", "unmarked", "unparseable", "empty", "error"])
     logprob: Series[float] = pa.Field(nullable=True)
     # the parsed answer's arithmetic mean token probability (seed 003 MODULE-2), for calls that asked for
     # log-probabilities. Optional: segments written before it read it as null

@@ -32,8 +32,19 @@ def test_parse_output_never_raises():
     assert parse_output("Rationale: blah. Answer: Saw VI", "final_answer") == ("Saw VI", "ok")
     # outputs of the embedded 0.5B model to the Pruning prompt (seed 001 Fig. 8), which skipped "Answer:"
     assert parse_output("2,000,000 base pairs", "final_answer") == ("2,000,000 base pairs", "ok")
-    assert parse_output("The Mark of Anarchy was written by Percy Shelley.", "final_answer") == ("", "unparseable")
-    assert parse_output("Saw VI is the movie.\nIt stars Tobin Bell", "final_answer") == ("", "unparseable")
+    # prose with no "Answer:": the last sentence is the answer as written, flagged unmarked (a parse failure)
+    assert parse_output("The Mark of Anarchy was written by Percy Shelley.", "final_answer") == (
+        "The Mark of Anarchy was written by Percy Shelley", "unmarked")
+    assert parse_output("Saw VI is the movie.\nIt stars Tobin Bell", "final_answer") == ("It stars Tobin Bell", "unmarked")
+    # real outputs of the embedded 0.5B model to Fig. 8 (Pruning) and Fig. 9 (Summary) on SQuAD dev
+    miami = ("According to the U.S. Census Bureau, Miami's metro area is the eighth-most populous and fourth-largest "
+             "urban area in the United States, with a population of around 5.5 million.")
+    assert parse_output(miami, "final_answer") == (miami[:-1], "unmarked")  # "U.S. Census" does not end a sentence
+    assert parse_output("The mayor of San Francisco is Ed Lee.", "final_answer") == (
+        "The mayor of San Francisco is Ed Lee", "unmarked")
+    assert parse_output("Source 1 is about Miami. The answer is in source 1.\nMiami is the city.", "final_answer") == (
+        "Miami is the city", "unmarked")
+    assert parse_output("...", "final_answer") == ("", "unparseable")  # nothing to read
 
 
 ITEM = ReaderInput("q1", "Who won?", (Passage("p1", "t1"), Passage("p2", "t2"), Passage("p3", "t3")))

@@ -136,6 +136,8 @@ def fill(template: str, **values: str) -> str:
     return _FIELD.sub(sub, template)
 
 
+# a sentence ends at . ! ? after a lower-case letter or digit, so "U.S. Census" stays one sentence
+_SENTENCE_END = re.compile(r"(?<=[a-z0-9%)\]][.!?])\s+(?=[A-Z\"“])")
 COT_SHORT_ANSWER_WORDS = 5  # seed 001 Fig. 8-9: "a short factoid answer, often between 1 and 5 words"
 _ANSWER_PREFIX = re.compile(r"^\s*(final\s+)?answer\s*[:：]\s*", re.IGNORECASE)
 
@@ -160,11 +162,15 @@ def parse_output(output: str, parser: str = "short") -> tuple[str, str]:
         matches = list(re.finditer(r"answer\s*[:：]", output, re.IGNORECASE))
         if not matches:
             # a real model often skips the rationale and writes the answer alone ("2,000,000 base pairs"): an output
-            # of one line within the format's "short factoid answer, often between 1 and 5 words" is that answer; a
-            # sentence ("The Mark of Anarchy was written by Percy Shelley.") stays unparseable
+            # of one line within the format's "short factoid answer, often between 1 and 5 words" is that answer
             lines = [ln for ln in output.strip().splitlines() if ln.strip()]
-            answer = clean_answer(lines[0]) if len(lines) == 1 else ""
-            return (answer, "ok") if answer and len(answer.split()) <= COT_SHORT_ANSWER_WORDS else ("", "unparseable")
+            short = clean_answer(lines[0]) if len(lines) == 1 else ""
+            if re.search(r"\w", short) and len(short.split()) <= COT_SHORT_ANSWER_WORDS:
+                return short, "ok"
+            # or it answers in prose with no "Answer:" ("The mayor of San Francisco is Ed Lee."): its last sentence
+            # is the answer as written, flagged 'unmarked' (F1 credits it in part; %parse-fail counts it)
+            answer = clean_answer(_SENTENCE_END.split(lines[-1].strip())[-1])
+            return (answer, "unmarked") if re.search(r"\w", answer) else ("", "unparseable")
         tail = output[matches[-1].end() :].strip()
         first = next((ln for ln in tail.splitlines() if ln.strip()), "")
         answer = clean_answer(first)

@@ -46,7 +46,8 @@ def majority_vote_or_single(answers: list[str]):
 # visible text implies; passage [4], lost entirely (Fig. 9's rationale cites "Source 3 and Source 4"), written as
 # one line stating the fact the rationale uses; passage [3]'s word order, garbled in Fig. 8's two columns, taken
 # from Fig. 9.
-COT_VERSION = "001-fig8-9-v2"  # v2: the demonstration passages as printed; a lone short answer is parsed
+COT_VERSION = "001-fig8-9-v3"  # v2: the demonstration passages as printed; a lone short answer is parsed; v3: an
+# unmarked prose answer is read as its last sentence (status unmarked)
 
 _COT_HEADER = """Answer questions with short factoid answers.
 
