@@ -31,6 +31,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ragledger.call_gate import CallGate, prefix_order_enabled
+
 FRAME = struct.Struct("!I")
 
 
@@ -82,22 +84,23 @@ class Endpoint:
 
 # ---- one call --------------------------------------------------------------------------------------------
 
-_SHARED: dict[tuple, tuple[Any, asyncio.Semaphore]] = {}
+_SHARED: dict[tuple, tuple[Any, CallGate]] = {}
 
 
-def _shared(ep: Endpoint, logprobs: bool = False) -> tuple[Any, asyncio.Semaphore]:
-    """One HTTP client and one concurrency bound per endpoint, shared by every call in the process.
+def _shared(ep: Endpoint, logprobs: bool = False) -> tuple[Any, CallGate]:
+    """One HTTP client and one concurrency bound (a CallGate: prefix-ordered with one slot) per endpoint, shared
+    by every call in the process.
     Calls routed to `logprobs_base_url` share the main endpoint's bound: both servers run on one machine."""
     key = (ep.base_url, ep.api_key, ep.concurrency, ep.timeout_s)
     if key not in _SHARED:
-        _SHARED[key] = (_openai(ep, ep.base_url), asyncio.Semaphore(ep.concurrency))
-    client, semaphore = _SHARED[key]
+        _SHARED[key] = (_openai(ep, ep.base_url), CallGate(ep.concurrency, prefix_order_enabled()))
+    client, gate = _SHARED[key]
     if logprobs and ep.logprobs_base_url:
         lp_key = ("logprobs", ep.logprobs_base_url, *key)
         if lp_key not in _SHARED:
-            _SHARED[lp_key] = (_openai(ep, ep.logprobs_base_url), semaphore)
+            _SHARED[lp_key] = (_openai(ep, ep.logprobs_base_url), gate)
         client = _SHARED[lp_key][0]
-    return client, semaphore
+    return client, gate
 
 
 def _openai(ep: Endpoint, url: str) -> Any:
@@ -111,8 +114,8 @@ def _openai(ep: Endpoint, url: str) -> Any:
 
 
 async def call_endpoint(ep: Endpoint, req: LLMRequest, unreachable_for_s: float) -> LLMResponse:
-    client, semaphore = _shared(ep, req.logprobs)
-    async with semaphore:
+    client, gate = _shared(ep, req.logprobs)
+    async with gate.slot(f"{req.system}\x00{req.prompt}"):
         return await _call_with_retries(ep, client, req, unreachable_for_s)
 
 

@@ -1,0 +1,97 @@
+"""An endpoint's bound on requests in flight, and the order in which queued calls get a slot.
+
+A server that answers one request at a time and keeps the previous prompt in its KV cache (the embedded llama.cpp
+server) evaluates only the part of the next prompt that differs from the last one. So when such an endpoint's slot
+frees, the waiting call whose prompt shares the longest prefix with the prompt just admitted goes next: the
+self-consistency samples of one prompt, the two candidate-conditioned summaries of one SuRe question, the calls of
+several readers over the same passages go back to back instead of in submission order. Ties go to the call that
+waited longest. With more than one slot (vLLM, OpenAI: batching servers with their own prefix caches) calls are
+admitted first come, first served. Ordering changes only when a call is made, never what it returns: a call's
+response and cache key depend on its request alone.
+
+`RAGLEDGER_PREFIX_ORDER=0` turns the prefix order off (first come, first served), to measure what it saves
+(tests/benchmarks/test_prefix_order.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+
+def prefix_order_enabled() -> bool:
+    return os.environ.get("RAGLEDGER_PREFIX_ORDER", "1") != "0"
+
+
+def common_prefix_len(a: str, b: str) -> int:
+    """Length of the longest common prefix of a and b, by bisection over slice comparisons (done in C)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+@dataclass(order=True)
+class _Waiter:
+    seq: int
+    text: str = field(compare=False)
+    admitted: asyncio.Future = field(compare=False)
+
+
+class CallGate:
+    """At most `slots` calls in flight; with one slot and `prefix_order`, the longest-shared-prefix call goes next."""
+
+    def __init__(self, slots: int, prefix_order: bool = True) -> None:
+        if slots < 1:
+            raise ValueError(f"a call gate needs at least one slot, got {slots}")
+        self.slots = slots
+        self.prefix_order = prefix_order and slots == 1
+        self._free = slots
+        self._waiting: list[_Waiter] = []
+        self._last = ""  # the prompt admitted last: what the server's KV cache holds next
+        self._seq = itertools.count()
+
+    @contextlib.asynccontextmanager
+    async def slot(self, text: str) -> AsyncIterator[None]:
+        """Hold one slot for the duration of the block; `text` is the call's full prompt (system + user)."""
+        await self._acquire(text)
+        try:
+            yield
+        finally:
+            self._release()
+
+    async def _acquire(self, text: str) -> None:
+        if self._free > 0 and not self._waiting:
+            self._free -= 1
+            self._last = text
+            return
+        waiter = _Waiter(next(self._seq), text, asyncio.get_running_loop().create_future())
+        self._waiting.append(waiter)
+        try:
+            await waiter.admitted
+        except asyncio.CancelledError:
+            if waiter in self._waiting:
+                self._waiting.remove(waiter)
+            elif waiter.admitted.done() and not waiter.admitted.cancelled():
+                self._release()  # it was handed the slot as it was cancelled: pass the slot on
+            raise
+
+    def _release(self) -> None:
+        if not self._waiting:
+            self._free += 1
+            return
+        if self.prefix_order:
+            best = max(self._waiting, key=lambda w: (common_prefix_len(self._last, w.text), -w.seq))
+        else:
+            best = min(self._waiting)
+        self._waiting.remove(best)
+        self._last = best.text
+        best.admitted.set_result(None)

@@ -1,0 +1,84 @@
+"""The endpoint's call gate: the bound on calls in flight, and with one slot the longest-shared-prefix order."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from ragledger.call_gate import CallGate, common_prefix_len
+
+
+def test_common_prefix_len():
+    assert common_prefix_len("", "abc") == 0
+    assert common_prefix_len("abc", "abc") == 3
+    assert common_prefix_len("abcd", "abxd") == 2
+    assert common_prefix_len("passages q1 (a)", "passages q1 (b)") == len("passages q1 (")
+    assert common_prefix_len("x" * 5000 + "a", "x" * 5000 + "b") == 5000
+
+
+async def _admission_order(gate: CallGate, first: str, queued: list[str]) -> list[str]:
+    """Hold the slot with `first`, queue the rest in order, then let each go: the order they were admitted."""
+    order: list[str] = []
+    release_first = asyncio.Event()
+
+    async def call(text: str, hold: asyncio.Event | None = None) -> None:
+        async with gate.slot(text):
+            order.append(text)
+            if hold is not None:
+                await hold.wait()
+            await asyncio.sleep(0)
+
+    head = asyncio.create_task(call(first, release_first))
+    await asyncio.sleep(0)
+    rest = [asyncio.create_task(call(t)) for t in queued]
+    await asyncio.sleep(0.01)  # every queued call is waiting now
+    release_first.set()
+    await asyncio.gather(head, *rest)
+    return order
+
+
+def test_one_slot_admits_the_longest_shared_prefix_next():
+    sys_ = "Answer the question.\x00"
+    q1 = sys_ + "Passages: [1] Denver won Super Bowl 50. Question: who won?"
+    q2 = sys_ + "Passages: [1] Beyonce headlined the halftime show. Question: who sang?"
+    queued = [q2, q1 + " sample 2", "Other system\x00x", q1 + " sample 1", q2 + " sample 1"]
+    order = asyncio.run(_admission_order(CallGate(1), q1, queued))
+    # after q1: its two samples (ties: the one that waited longest), then q2 and its sample, then the stranger
+    assert order == [q1, q1 + " sample 2", q1 + " sample 1", q2, q2 + " sample 1", "Other system\x00x"]
+
+
+def test_first_come_first_served_without_prefix_order_or_with_more_slots():
+    queued = ["b", "a1", "c", "a2"]
+    assert asyncio.run(_admission_order(CallGate(1, prefix_order=False), "a", queued)) == ["a", *queued]
+    gate = CallGate(2)
+    assert not gate.prefix_order  # a batching server: arrival order
+
+
+def test_the_bound_holds_and_a_cancelled_waiter_passes_its_slot_on():
+    async def scenario() -> tuple[int, list[str]]:
+        gate, in_flight, peak, done = CallGate(2), 0, 0, []
+
+        async def call(name: str, seconds: float) -> None:
+            nonlocal in_flight, peak
+            async with gate.slot(name):
+                in_flight += 1
+                peak = max(peak, in_flight)
+                await asyncio.sleep(seconds)
+                in_flight -= 1
+                done.append(name)
+
+        tasks = [asyncio.create_task(call(f"c{i}", 0.02)) for i in range(6)]
+        await asyncio.sleep(0.005)
+        tasks[4].cancel()  # waiting: it must leave the queue without taking a slot
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return peak, done
+
+    peak, done = asyncio.run(scenario())
+    assert peak == 2
+    assert sorted(done) == ["c0", "c1", "c2", "c3", "c5"]
+
+
+def test_a_gate_needs_a_slot():
+    with pytest.raises(ValueError, match="at least one slot"):
+        CallGate(0)
