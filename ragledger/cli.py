@@ -41,10 +41,12 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from ragledger.embedded import EmbeddedServerError
     from ragledger.llm import BackendError
     from ragledger.models import ModelFetchError
+    from ragledger.secrets import CredentialsInURL
     from schemas.records import RecordValidationError
     from schemas.spec import SpecError
 
-    return (SpecError, DatasetError, BackendError, EmbeddedServerError, ModelFetchError, RecordValidationError)
+    return (SpecError, DatasetError, BackendError, EmbeddedServerError, ModelFetchError, RecordValidationError,
+            CredentialsInURL)
 
 
 def _usage_error(message: str) -> BaseException:
@@ -123,6 +125,13 @@ def preflight(spec: AnySpec) -> None:
         from ragledger.llm import api_key_from_env
 
         api_key_from_env(spec.model.api_key_env)
+    if not spec.tracking.mlflow_uri:  # the URI the run would use instead (the spec's own is checked with the spec)
+        import os
+
+        from ragledger.secrets import refuse_credentials
+
+        refuse_credentials(os.environ.get("MLFLOW_TRACKING_URI"), "MLFLOW_TRACKING_URI", "MLflow reads them from "
+                           "MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD (an MLflow server) or PGPASSWORD (PostgreSQL)")
 
 
 @app.command()
@@ -139,6 +148,7 @@ def run(
                                            "(e.g. a paper config written for a vLLM server)")] = False,
 ) -> None:
     """Run an experiment: retrieve -> generate -> vote -> evaluate, tracked in the store and MLflow."""
+    from ragledger.secrets import refuse_credentials
     from schemas.spec import load_spec, with_overrides
 
     errors = _user_errors()
@@ -149,6 +159,8 @@ def run(
             raise _usage_error(f"--runner: unknown runner {runner!r} (thread, dask)")
         if workers is not None and workers <= 0:
             raise _usage_error("--workers must be a positive integer")
+        refuse_credentials(base_url, "--base-url", "put the API key in an environment variable and name it in "
+                           "model.api_key_env")
     except errors as exc:
         _fail(str(exc))
     from ragledger.prefect_env import configure_prefect_home

@@ -120,13 +120,19 @@ async def call_endpoint(ep: Endpoint, req: LLMRequest, unreachable_for_s: float)
 
 
 async def _call_with_retries(ep: Endpoint, client: Any, req: LLMRequest, unreachable_for_s: float) -> LLMResponse:
+    import json
+
     import openai
+    import pydantic
     from openai.types.chat import ChatCompletion
 
+    from ragledger.secrets import redact_url
+
     url = str(client.base_url)
+    shown = redact_url(ep.base_url)  # the specs refuse URL credentials; an Endpoint built otherwise may carry them
     last_error, transport_failure = "", False
     for attempt in range(ep.max_retries + 1):
-        _fail_if_unreachable(url, unreachable_for_s)
+        _fail_if_unreachable(url, unreachable_for_s, ep.max_retries + 1)
         started = time.perf_counter()
         try:
             result = await client.post("/chat/completions", body=_chat_body(ep.model, req), cast_to=ChatCompletion)
@@ -152,16 +158,21 @@ async def _call_with_retries(ep: Endpoint, client: Any, req: LLMRequest, unreach
         except openai.APIStatusError as exc:
             status = exc.status_code
             if status in (400, 401, 403, 404, 422):
-                raise BackendError(f"{ep.base_url}: HTTP {status} (not retried): {_short(exc)}") from None
+                raise BackendError(f"{shown}: HTTP {status} (not retried): {_short(exc)}") from None
             last_error, transport_failure = f"HTTP {status}", False
             delay = _retry_after(exc.response) if status == 429 else None
         except (openai.APITimeoutError, openai.APIConnectionError) as exc:
             last_error, transport_failure = _transport_error(exc), True
             delay = None
-        except (_Retryable, openai.APIResponseValidationError, ValueError) as exc:
-            # malformed or truncated bodies, empty completions
+        except (_Retryable, openai.APIResponseValidationError, json.JSONDecodeError, pydantic.ValidationError) as exc:
+            # malformed or truncated bodies, empty completions: what the server sent
             last_error, transport_failure = f"malformed response: {_short(exc)}", False
             delay = None
+        except Exception as exc:
+            # the request never left this process (the aiohttp transport refuses a URL with credentials beside the
+            # Authorization header, a URL it cannot parse, ...): retrying gives the same, and it is no malformed response
+            raise BackendError(f"{shown}: the request could not be sent (client-side {type(exc).__name__}, not "
+                               f"retried): {redact_url(_short(exc))}") from None
         if attempt == ep.max_retries:
             break
         if delay is None:
@@ -170,7 +181,7 @@ async def _call_with_retries(ep: Endpoint, client: Any, req: LLMRequest, unreach
         await asyncio.sleep(delay)
     if transport_failure:
         _UNREACHABLE[url] = (time.monotonic(), last_error)
-    raise BackendError(f"{ep.base_url}: gave up after {ep.max_retries + 1} attempts; last error: {last_error}")
+    raise BackendError(f"{shown}: gave up after {ep.max_retries + 1} attempts; last error: {last_error}")
 
 
 # An endpoint that a call gave up on for a transport failure (refused, reset, timed out: a server that is down
@@ -180,7 +191,7 @@ async def _call_with_retries(ep: Endpoint, client: Any, req: LLMRequest, unreach
 _UNREACHABLE: dict[str, tuple[float, str]] = {}  # endpoint URL -> (when a call gave up on it, its last error)
 
 
-def _fail_if_unreachable(url: str, unreachable_for_s: float) -> None:
+def _fail_if_unreachable(url: str, unreachable_for_s: float, attempts: int) -> None:
     down = _UNREACHABLE.get(url)
     if down is None:
         return
@@ -189,7 +200,11 @@ def _fail_if_unreachable(url: str, unreachable_for_s: float) -> None:
     if age > unreachable_for_s:
         _UNREACHABLE.pop(url, None)
         return
-    raise BackendError(f"{url}: not reachable: a call gave up on it {age:.0f} s ago (last error: {error}); not retried")
+    from ragledger.secrets import redact_url
+
+    # the attempts are named: a run may end on this line rather than on the give-up it refers to
+    raise BackendError(f"{redact_url(url)}: not reachable: a call gave up on it {age:.0f} s ago after {attempts} "
+                       f"attempts (last error: {error}); not retried")
 
 
 def _chat_body(model: str, req: LLMRequest) -> dict[str, Any]:

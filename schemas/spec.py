@@ -84,6 +84,14 @@ class ModelSpec(_Strict):
     max_retries: int = Field(6, ge=0, le=50)
     context_window: int = Field(4096, ge=512)
 
+    @field_validator("base_url")
+    @classmethod
+    def _no_credentials_in_url(cls, url: str | None) -> str | None:
+        from ragledger.secrets import refuse_credentials
+
+        refuse_credentials(url, None, "put the API key in an environment variable and name it in model.api_key_env")
+        return url
+
     @model_validator(mode="after")
     def _endpoint(self) -> ModelSpec:
         if self.backend == "openai" and not self.base_url:
@@ -106,6 +114,15 @@ class TrackingSpec(_Strict):
     store: str = Field(".ragledger/store", description="event store directory")
     mlflow_uri: str | None = Field(None, description="tracking URI; default: SQLite under .ragledger/")
     mlflow_experiment: str | None = Field(None, description="MLflow experiment name; default: spec name")
+
+    @field_validator("mlflow_uri")
+    @classmethod
+    def _no_credentials_in_uri(cls, uri: str | None) -> str | None:
+        from ragledger.secrets import refuse_credentials
+
+        refuse_credentials(uri, None, "MLflow reads them from MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD "
+                           "(an MLflow server) or PGPASSWORD (PostgreSQL)")
+        return uri
 
 
 LATER_SETTINGS = ("shots", "show_initial")

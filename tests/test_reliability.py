@@ -184,6 +184,16 @@ def test_kill_9_at_five_points_then_resume_gives_the_uninterrupted_result(tmp_pa
 
 # ---- backend down, concurrency, integrity, secrets ---------------------------------------------------
 
+def one_error_line(proc: subprocess.CompletedProcess) -> str:
+    """The run's single `error:` line, checked to be the last line, with no traceback or Prefect noise around it."""
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and not ln.startswith("SLF4J")]  # the JVM's banner
+    errors = [ln for ln in lines if ln.startswith("error:")]
+    assert len(errors) == 1 and lines[-1] == errors[0], proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "Error logging to API" not in proc.stderr, proc.stderr[-3000:]
+    assert " | ERROR " not in proc.stderr, proc.stderr[-3000:]  # Prefect's failed task/flow-run records
+    return errors[0]
+
+
 def test_backend_down_is_a_clear_error_and_resumable(tmp_path):
     make_data(tmp_path, 8)
     spec = write_spec(tmp_path, "http://127.0.0.1:9/v1", max_retries=2, timeout_s=2)
@@ -241,6 +251,63 @@ def test_store_verify_names_a_damaged_segment(tmp_path):
     seg.write_bytes(seg.read_bytes()[:-40])
     proc = cli(tmp_path, "store", "verify")
     assert proc.returncode == 1 and str(seg) in proc.stderr
+
+
+# ---- credentials ---------------------------------------------------------------------------------------
+
+def test_a_client_side_failure_is_not_retried_and_not_called_malformed():
+    """A URL with credentials, given to the client directly (the specs refuse it): the aiohttp transport refuses
+    it beside the Authorization header before anything is sent. Not a malformed response, not retried (7 attempts
+    with backoff, before), and the password is not in the error."""
+    from ragledger.llm import BackendError, LLMClient, LLMRequest, run_on_engine
+    from ragledger.llm_http import Endpoint
+
+    password = "pw-client-" + "".join(random.choices("abcdef0123456789", k=12))
+    with ScriptedServer(answer=reader) as server:
+        url = server.base_url.replace("http://", f"http://user:{password}@")
+        client = LLMClient(Endpoint(url, "scripted", max_retries=6), backend_identity="x", cache=None)
+        t = time.perf_counter()
+        with pytest.raises(BackendError) as caught:
+            run_on_engine(client.complete(LLMRequest("s", "Question: q?", 0.0, 1.0, 8, 0)))
+        elapsed = time.perf_counter() - t
+        assert server.calls == 0
+    message = str(caught.value)
+    assert "client-side ValueError, not retried" in message and "malformed" not in message, message
+    assert password not in message and "http://***@127.0.0.1" in message, message
+    assert elapsed < 5, elapsed  # 6 retries with backoff took ~30 s
+
+
+CREDENTIALS = {  # where the secret goes -> (spec patch, CLI args, env, what the error line names)
+    "model.base_url": ({"model": {"backend": "openai", "name": "scripted", "base_url": "http://user:{pw}@127.0.0.1:9/v1"}},
+                       (), {}, "model.base_url"),
+    "--base-url": ({}, ("--base-url", "http://user:{pw}@127.0.0.1:9/v1"), {}, "--base-url: http://***@127.0.0.1:9/v1"),
+    "tracking.mlflow_uri": ({"tracking": {"mlflow_uri": "postgresql://mlflow:{pw}@127.0.0.1:1/mlflow"}}, (), {},
+                            "tracking.mlflow_uri"),
+    "MLFLOW_TRACKING_URI": ({}, (), {"MLFLOW_TRACKING_URI": "http://mlflow:{pw}@127.0.0.1:1"}, "MLFLOW_TRACKING_URI"),
+}
+
+
+def refused_with_credentials(ws: Path, case: str, password: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    patch, args, extra_env, _ = CREDENTIALS[case]
+    spec_path = write_spec(ws, "http://127.0.0.1:9/v1", name="cred")
+    spec = yaml.safe_load(spec_path.read_text())
+    spec.update(json.loads(json.dumps(patch).replace("{pw}", password)))
+    spec_path.write_text(yaml.safe_dump(spec))
+    return cli(ws, "run", str(spec_path), *(a.replace("{pw}", password) for a in args),
+               env={**(env or {}), **{k: v.replace("{pw}", password) for k, v in extra_env.items()}})
+
+
+@pytest.mark.parametrize("case", list(CREDENTIALS))
+def test_a_url_with_credentials_is_refused_up_front_without_showing_them(tmp_path, case):
+    password = "pw-url-" + "".join(random.choices("abcdef0123456789", k=16))
+    make_data(tmp_path, 4)
+    proc = refused_with_credentials(tmp_path, case, password)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    line = one_error_line(proc)
+    assert CREDENTIALS[case][3] in line and "carries credentials in the URL" in line, line
+    assert password not in proc.stdout + proc.stderr
+    assert not (tmp_path / ".ragledger").exists()
+    print(f"{case}: {line}")
 
 
 def test_secrets_appear_nowhere(tmp_path):
