@@ -40,13 +40,14 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from ragledger.datasets import DatasetError
     from ragledger.embedded import EmbeddedServerError
     from ragledger.llm import BackendError
+    from ragledger.locations import LocationError
     from ragledger.models import ModelFetchError
     from ragledger.secrets import CredentialsInURL
     from schemas.records import RecordValidationError
     from schemas.spec import SpecError
 
     return (SpecError, DatasetError, BackendError, EmbeddedServerError, ModelFetchError, RecordValidationError,
-            CredentialsInURL)
+            LocationError, CredentialsInURL)
 
 
 def _usage_error(message: str) -> BaseException:
@@ -148,6 +149,7 @@ def run(
                                            "(e.g. a paper config written for a vLLM server)")] = False,
 ) -> None:
     """Run an experiment: retrieve -> generate -> vote -> evaluate, tracked in the store and MLflow."""
+    from ragledger.locations import check_run_locations
     from ragledger.secrets import refuse_credentials
     from schemas.spec import load_spec, with_overrides
 
@@ -161,6 +163,9 @@ def run(
             raise _usage_error("--workers must be a positive integer")
         refuse_credentials(base_url, "--base-url", "put the API key in an environment variable and name it in "
                            "model.api_key_env")
+        # and every place the run writes: store, call cache, MLflow, Prefect home, logs, indexes, --json
+        check_run_locations(spec, store or spec.tracking.store, "--store" if store else "tracking.store", Path.cwd(),
+                            json_out)
     except errors as exc:
         _fail(str(exc))
     from ragledger.prefect_env import configure_prefect_home

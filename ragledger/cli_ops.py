@@ -94,6 +94,10 @@ def schedule(
                 raise cli._usage_error(f"--cron: {exc}") from None
         if runner not in (None, "thread", "dask"):
             raise cli._usage_error(f"--runner: unknown runner {runner!r} (thread, dask)")
+        from ragledger.locations import check_run_locations
+
+        # the scheduled runs write where `ragledger run` here would: checked now, not at the first run
+        check_run_locations(spec, store or spec.tracking.store, "--store" if store else "tracking.store", Path.cwd())
     except errors as exc:
         cli._fail(str(exc))
     from ragledger.prefect_env import configure_prefect_home

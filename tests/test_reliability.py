@@ -51,16 +51,18 @@ def write_spec(ws: Path, base_url: str, name: str = "rel", **model) -> Path:
     return path
 
 
-def cli(ws: Path, *args: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+def cli(ws: Path, *args: str, env: dict | None = None, timeout: int = 600, prefix: tuple[str, ...] = ()
+        ) -> subprocess.CompletedProcess:
     """Run the CLI in its own process group. Output goes to files, not pipes: after a SIGKILL the CLI's
-    child (Prefect's temporary API server) would hold a pipe open; the whole group is killed at the end."""
+    child (Prefect's temporary API server) would hold a pipe open; the whole group is killed at the end.
+    `prefix` runs it through another command (setpriv, to run it as another user)."""
     import signal
     import tempfile
 
     base = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     base["RAGLEDGER_INDEX_DIR"] = str(ws / "indexes")
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen([RAGLEDGER, *args], cwd=ws, env={**base, **(env or {})}, stdout=out, stderr=err,
+        proc = subprocess.Popen([*prefix, RAGLEDGER, *args], cwd=ws, env={**base, **(env or {})}, stdout=out, stderr=err,
                                 start_new_session=True)
         try:
             code = proc.wait(timeout=timeout)
@@ -251,6 +253,79 @@ def test_store_verify_names_a_damaged_segment(tmp_path):
     seg.write_bytes(seg.read_bytes()[:-40])
     proc = cli(tmp_path, "store", "verify")
     assert proc.returncode == 1 and str(seg) in proc.stderr
+
+
+# ---- store and other locations: checked before the run ------------------------------------------------
+
+LOCATIONS = {  # case -> (spec patch, extra CLI args, env, text the error line must hold); {ws} is the workspace
+    "store is a file": ({"tracking": {"store": "{ws}/afile"}}, (), {}, "tracking.store: {ws}/afile is a file, not a directory"),
+    "store under a file": ({"tracking": {"store": "{ws}/afile/store"}}, (), {},
+                           "tracking.store: cannot create {ws}/afile/store: {ws}/afile is a file"),
+    "--store is a file": ({}, ("--store", "{ws}/afile"), {}, "--store: {ws}/afile is a file, not a directory"),
+    "MLflow database under a file": ({"tracking": {"mlflow_uri": "sqlite:///{ws}/afile/mlflow.db"}}, (), {},
+                                     "tracking.mlflow_uri: cannot create {ws}/afile/mlflow.db: {ws}/afile is a file"),
+    "MLflow database is a directory": ({"tracking": {"mlflow_uri": "sqlite:///{ws}/adir"}}, (), {},
+                                       "tracking.mlflow_uri: {ws}/adir is a directory, not a file"),
+    "index directory is a file": ({}, (), {"RAGLEDGER_INDEX_DIR": "{ws}/afile"},
+                                  "RAGLEDGER_INDEX_DIR: {ws}/afile is a file, not a directory"),
+    "--json under a file": ({}, ("--json", "{ws}/afile/summary.json"), {},
+                            "--json: cannot create {ws}/afile/summary.json: {ws}/afile is a file"),
+}
+
+
+@pytest.mark.parametrize("case", list(LOCATIONS))
+def test_an_unusable_location_is_one_clear_error_before_anything_starts(tmp_path, case):
+    patch, args, env, needle = LOCATIONS[case]
+    make_data(tmp_path, 4)
+    (tmp_path / "afile").write_text("not a directory")
+    (tmp_path / "adir").mkdir()
+    spec_path = write_spec(tmp_path, "http://127.0.0.1:9/v1")
+    spec = yaml.safe_load(spec_path.read_text())
+    spec.update(json.loads(json.dumps(patch).replace("{ws}", str(tmp_path))))
+    spec_path.write_text(yaml.safe_dump(spec))
+    proc = cli(tmp_path, "run", str(spec_path), *(a.replace("{ws}", str(tmp_path)) for a in args),
+               env={k: v.replace("{ws}", str(tmp_path)) for k, v in env.items()})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    line = one_error_line(proc)
+    assert needle.replace("{ws}", str(tmp_path)) in line, line
+    assert not (tmp_path / ".ragledger").exists()  # checked before Prefect, MLflow or the store were started
+    assert (tmp_path / "afile").read_text() == "not a directory" and not any((tmp_path / "adir").iterdir())
+    print(f"{case}: {line}")
+
+
+def test_an_unwritable_store_is_one_clear_error_before_anything_starts():
+    """The store directory exists but this user may not write it (root may write anywhere: the CLI then runs as
+    nobody). Permission bits are not what is checked: a file is created and removed in it."""
+    import shutil
+    import tempfile
+
+    prefix: tuple[str, ...] = ()
+    if os.geteuid() == 0:
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("running as root without setpriv: cannot run the CLI as a user the store refuses")
+        prefix = (setpriv, "--reuid=65534", "--regid=65534", "--clear-groups")
+    ws = Path(tempfile.mkdtemp(prefix="ragledger-unwritable-"))
+    try:
+        ws.chmod(0o755)
+        make_data(ws, 4)
+        store = ws / "store"
+        store.mkdir()
+        store.chmod(0o555)
+        spec_path = write_spec(ws, "http://127.0.0.1:9/v1")
+        spec = yaml.safe_load(spec_path.read_text())
+        spec["tracking"] = {"store": str(store)}
+        spec_path.write_text(yaml.safe_dump(spec))
+        for f in ws.iterdir():
+            f.chmod(0o644 if f.is_file() else 0o555)
+        proc = cli(ws, "run", str(spec_path), prefix=prefix)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        line = one_error_line(proc)
+        assert f"tracking.store: {store} is not writable: Permission denied" in line, line
+        assert not (ws / ".ragledger").exists() and not any(store.iterdir())
+    finally:
+        store.chmod(0o755)
+        shutil.rmtree(ws)
 
 
 # ---- credentials ---------------------------------------------------------------------------------------
