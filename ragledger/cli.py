@@ -9,7 +9,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich.console import Console
@@ -59,6 +59,28 @@ def _usage_error(message: str) -> BaseException:
 def _fail(message: str, code: int = 2) -> None:
     err.print(f"[bold red]error:[/] {message}", highlight=False, markup=True)
     raise typer.Exit(code)
+
+
+def _report(exc: BaseException, user_errors: tuple[type[BaseException], ...]) -> NoReturn:
+    """End a command that failed after it started: the traceback goes to the run log (ragledger.runlog), the
+    terminal gets one `error:` line naming the log. Exit 2 for what the user or the machine must fix (their
+    errors name the culprit; an OSError names its path: disk full, permission denied), 1 for a defect."""
+    from rich.markup import escape
+
+    from ragledger import runlog
+    from ragledger.secrets import scrub
+
+    log = runlog.write_traceback(exc)
+    lines = str(exc).strip().splitlines() or [type(exc).__name__]  # the rest of a long message is in the log
+    if isinstance(exc, user_errors):
+        message, code = lines[0], 2
+    elif isinstance(exc, OSError):
+        message, code = f"{type(exc).__name__}: {lines[0]}", 2
+    else:
+        message, code = f"unexpected {type(exc).__name__}: {lines[0]} (a defect in ragledger: please report it)", 1
+    where = f"; traceback in {runlog.shown(log)}" if log else ""
+    _fail(escape(scrub(message) + where), code)
+    raise AssertionError("unreachable")  # _fail raised typer.Exit
 
 
 @contextlib.contextmanager
@@ -149,8 +171,9 @@ def run(
                                            "(e.g. a paper config written for a vLLM server)")] = False,
 ) -> None:
     """Run an experiment: retrieve -> generate -> vote -> evaluate, tracked in the store and MLflow."""
+    from ragledger import runlog
     from ragledger.locations import check_run_locations
-    from ragledger.secrets import refuse_credentials
+    from ragledger.secrets import mark_secret_env, refuse_credentials
     from schemas.spec import load_spec, with_overrides
 
     errors = _user_errors()
@@ -168,6 +191,8 @@ def run(
                             json_out)
     except errors as exc:
         _fail(str(exc))
+    runlog.start(Path.cwd(), "run")
+    mark_secret_env(spec.model.api_key_env)
     from ragledger.prefect_env import configure_prefect_home
     from ragledger.prefect_server import PrefectServerError, prefect_api
 
@@ -188,8 +213,10 @@ def run(
 
                 summary = run_spec(spec.model_dump(), store_root, base_url=base_url, runner=runner, workers=workers,
                                    scheduler_address=scheduler)
-        except (*errors, PrefectServerError) as exc:
-            _fail(str(exc))
+        except typer.Exit:
+            raise
+        except Exception as exc:  # user errors, the machine's (OSError), defects: one line, traceback in the log
+            _report(exc, (*errors, PrefectServerError))
     _print_summary(summary)
     if json_out:
         json_out.write_text(json.dumps(summary, indent=2, default=str))

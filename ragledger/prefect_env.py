@@ -9,7 +9,9 @@ from pathlib import Path
 def configure_prefect_home(workdir: Path) -> None:
     """Keep Prefect's database and persisted task results beside the store (not in the user's home)
     unless PREFECT_HOME / PREFECT_API_URL say otherwise; telemetry off (this machine has no network);
-    quiet logs, since the CLI shows its own progress."""
+    quiet logs, since the CLI shows its own progress; Prefect's logging config is ragledger's
+    (ragledger/prefect_logging.yaml: no tracebacks on the terminal, warnings and errors to the run log) unless
+    the user chose one."""
     home = (workdir / ".ragledger" / "prefect").resolve()
     os.environ.setdefault("PREFECT_HOME", str(home))
     os.environ.setdefault("PREFECT_LOCAL_STORAGE_PATH", str(Path(os.environ["PREFECT_HOME"]) / "storage"))
@@ -19,3 +21,4 @@ def configure_prefect_home(workdir: Path) -> None:
     os.environ.setdefault("PREFECT_RESULTS_PERSIST_BY_DEFAULT", "true")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("PREFECT_LOGGING_SETTINGS_PATH", str(Path(__file__).with_name("prefect_logging.yaml")))

@@ -153,7 +153,20 @@ def temporary_server() -> Iterator[str]:
         yield api_url
     finally:
         if proc is not None:
+            _send_pending_logs()
             stop_child(proc, grace_s=10)
+
+
+def _send_pending_logs(timeout_s: float = 5.0) -> None:
+    """Send the log records Prefect still holds for the API before the server they go to stops. Its log worker
+    sends them in batches; those of a failed flow were sent at exit, to a server already gone, and Prefect
+    wrote `--- Error logging to API --- All connection attempts failed` under the run's error line."""
+    if "prefect.logging.handlers" not in sys.modules:  # nothing was logged through Prefect
+        return
+    from prefect.logging.handlers import APILogWorker
+
+    with contextlib.suppress(Exception):  # a log batch that cannot be sent must not hide the command's outcome
+        APILogWorker.drain_all(timeout=timeout_s)
 
 
 @contextlib.contextmanager

@@ -202,7 +202,14 @@ def test_backend_down_is_a_clear_error_and_resumable(tmp_path):
     t = time.perf_counter()
     proc = cli(tmp_path, "run", str(spec))
     elapsed = time.perf_counter() - t
-    assert proc.returncode == 2 and "gave up after 3 attempts" in proc.stderr and "APIConnectionError" in proc.stderr
+    # one line naming the endpoint and the cause (the run may end on the first give-up, or on a call the breaker
+    # failed at once, which names the same attempts); the tracebacks are in the run log the line names
+    line = one_error_line(proc)
+    assert proc.returncode == 2 and "after 3 attempts" in line and "APIConnectionError" in line, line
+    assert "127.0.0.1:9/v1" in line
+    log = tmp_path / line.rsplit("traceback in ", 1)[1]
+    assert log.parent == tmp_path / ".ragledger" / "logs" and "Traceback" in log.read_text()
+    assert "Task run failed with exception" in log.read_text()  # Prefect's task-run records went there
     assert elapsed < 120
     # progress kept: the retrieval segments are stored, and the next run (backend up) resumes from them
     assert list((tmp_path / ".ragledger" / "store" / "retrievals").glob("*/seg-*.parquet"))
@@ -212,7 +219,7 @@ def test_backend_down_is_a_clear_error_and_resumable(tmp_path):
         spec.write_text(yaml.safe_dump(data))
         proc = cli(tmp_path, "run", str(spec))
         assert proc.returncode == 0, proc.stderr
-    print(f"backend down: failed in {elapsed:.1f} s with: {proc.stderr.strip().splitlines()[-1] if proc.stderr else ''}")
+    print(f"backend down: failed in {elapsed:.1f} s with: {line}")
 
 
 @pytest.mark.slow
@@ -386,26 +393,56 @@ def test_a_url_with_credentials_is_refused_up_front_without_showing_them(tmp_pat
 
 
 def test_secrets_appear_nowhere(tmp_path):
-    api_key = "sk-ragledger-test-" + "".join(random.choices("abcdef0123456789", k=24))
-    db_password = "pw-" + "".join(random.choices("abcdef0123456789", k=16))
+    """An API key (by env-var name), URL passwords (endpoint and MLflow URI: refused) and a database password
+    (PGPASSWORD / MLFLOW_TRACKING_PASSWORD) go through a refused run, a completed run and a failed run; then every
+    file those runs touched is searched: the store, the LLM-call cache, MLflow's database and artifacts, Prefect's
+    database and results, the run logs, the indexes, and every line printed."""
+    def secret(prefix: str) -> str:
+        return prefix + "".join(random.choices("abcdef0123456789", k=24))
+
+    api_key, url_password, db_password = secret("sk-ragledger-test-"), secret("pw-url-"), secret("pw-db-")
+    env = {"RAGLEDGER_TEST_API_KEY": api_key, "PGPASSWORD": db_password, "MLFLOW_TRACKING_PASSWORD": db_password}
     make_data(tmp_path, 6)
-    seen_auth = []
+    outputs: list[str] = []
+    for case in CREDENTIALS:  # refused, each: nothing written, nothing shown
+        proc = refused_with_credentials(tmp_path, case, url_password if "base" in case.lower() else db_password, env)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        outputs += [proc.stdout, proc.stderr]
     with ScriptedServer(answer=lambda s, p, b: reader(s, p, b)) as server:
         spec = write_spec(tmp_path, server.base_url, api_key_env="RAGLEDGER_TEST_API_KEY")
-        proc = cli(tmp_path, "run", str(spec), env={"RAGLEDGER_TEST_API_KEY": api_key, "PGPASSWORD": db_password,
-                                                    "MLFLOW_TRACKING_PASSWORD": db_password})
+        proc = cli(tmp_path, "run", str(spec), env=env)
         assert proc.returncode == 0, proc.stderr
-        seen_auth = server.requests
-    assert seen_auth  # the key went to the server (that is its purpose) ...
-    haystack = [proc.stdout, proc.stderr]
-    for path in (tmp_path / ".ragledger").rglob("*"):  # ... and nowhere else: store, MLflow db + artifacts, logs
-        if path.is_file():
-            haystack.append(path.read_bytes().decode("latin-1"))
+        outputs += [proc.stdout, proc.stderr]
+        assert server.requests  # the key went to the server (that is its purpose) ...
+        port = server.port
+    # ... and a failed run (an endpoint that is down) writes its traceback to a run log, with the key set
+    failed = write_spec(tmp_path, "http://127.0.0.1:9/v1", name="rel-down", api_key_env="RAGLEDGER_TEST_API_KEY",
+                        max_retries=0, timeout_s=2)
+    proc = cli(tmp_path, "run", str(failed), env=env)
+    assert proc.returncode == 2, proc.stderr
+    outputs += [proc.stdout, proc.stderr]
+
+    files = [p for root in (tmp_path / ".ragledger", tmp_path / "indexes") for p in root.rglob("*") if p.is_file()]
+    names = {p.relative_to(tmp_path).as_posix() for p in files}
+    # the scan covers every kind of place a run writes (and would find a spec there: Prefect keeps the flow-run
+    # parameters, which hold the endpoint URL)
+    assert any(n.startswith(".ragledger/store/outcomes/") for n in names)
+    assert ".ragledger/store/llm_cache.sqlite" in names and ".ragledger/mlflow.db" in names
+    assert any(n.startswith(".ragledger/mlartifacts/") for n in names)
+    assert any(n.startswith(".ragledger/prefect/prefect.db") for n in names)
+    assert any(n.startswith(".ragledger/prefect/storage/") for n in names)
+    assert any(n.startswith(".ragledger/logs/run-") for n in names)
+    assert any(n.startswith("indexes/") for n in names)
+    prefect_db = "".join(p.read_bytes().decode("latin-1") for p in files if "prefect.db" in p.name)
+    assert f"127.0.0.1:{port}" in prefect_db
+    haystack = [("output", o) for o in outputs]
+    haystack += [(p.relative_to(tmp_path).as_posix(), p.read_bytes().decode("latin-1")) for p in files]
     import mlflow
 
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / '.ragledger' / 'mlflow.db'}")
     for run in mlflow.search_runs(experiment_names=["rel"], output_format="list"):
-        haystack += [json.dumps(run.data.params), json.dumps(run.data.tags)]
-    for secret in (api_key, db_password):
-        assert not any(secret in h for h in haystack), "secret leaked"
-    print(f"scanned {len(haystack)} files/params/tags/log streams: no secret found")
+        haystack += [("MLflow params", json.dumps(run.data.params)), ("MLflow tags", json.dumps(run.data.tags))]
+    for name, value in (("API key", api_key), ("URL password", url_password), ("database password", db_password)):
+        leaks = [where for where, text in haystack if value in text]
+        assert not leaks, f"{name} leaked into {leaks}"
+    print(f"scanned {len(files)} files, {len(outputs)} output streams and the MLflow params/tags: no secret found")
