@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import json
 import os
 import time
 import uuid
@@ -36,9 +35,10 @@ from tasks.retrieve import retrieve_task
 from tasks.retrievers import parse_retriever
 from tasks.vote import vote_task
 from tracking.diskfull import as_store_full, reported_as_store_full
-from tracking.events import PROJECTIONS_DIR, EventStore, event_id, new_events, stable_hash, temp_path, write_text_atomically
+from tracking.events import PROJECTIONS_DIR, EventStore, event_id, new_events, stable_hash, temp_path
 from tracking.metrics import METRICS_VERSION, cached_cell_metrics, cell_metrics
-from tracking.mlflow_log import MlflowLogger, flatten, resolve_tracking_uri, safe_spec
+from tracking.mlflow_log import resolve_tracking_uri, safe_spec
+from tracking.mlflow_sync import MlflowLoggingPending, publish, sync
 from tracking.readers_table import readers_table, write_readers_table
 
 FLOW_VERSION = "1"
@@ -77,6 +77,8 @@ class RunSummary:
     tracking_uri: str = ""
     mlflow_experiment_id: str | None = None
     manifest: str | None = None
+    mlflow_pending: str | None = None  # MLflow did not take the logging: why, and that `ragledger sync` will log it
+    mlflow_synced: list[str] = field(default_factory=list)  # earlier pending executions this run logged to MLflow
     flow_run_id: str | None = None
     root_flow_run_id: str | None = None  # the scheduled parent flow run, when run as a subflow
 
@@ -109,39 +111,18 @@ def model_identity(spec: ExperimentSpec) -> dict[str, Any]:
 
 
 @task(name="log-to-mlflow")
-def log_to_mlflow(spec_dict: dict, summary_dict: dict, cell_segments: dict[str, dict[str, list[str]]],
-                  run_stats: dict[str, float], tracking_uri: str, analysis_files: list[str] | None = None) -> dict[str, Any]:
-    spec = ExperimentSpec.model_validate(spec_dict)
-    logger = MlflowLogger(tracking_uri, spec.tracking.mlflow_experiment or spec.name)
-    logger.close_abandoned_runs()
-    common_tags = {"ragledger.experiment": spec.name, "ragledger.spec_hash": summary_dict["spec_hash"],
-                   "ragledger.dataset": f"{spec.dataset.name}:{spec.dataset.path}",
-                   "ragledger.flow_run_id": summary_dict.get("flow_run_id") or ""}
-    parent = logger.start_run(spec.name, {**common_tags, "ragledger.level": "experiment"})
-    params: dict[str, str] = {}
-    shown = safe_spec(spec_dict)
-    for key in ("dataset", "corpus", "model", "execution"):
-        flatten(key, shown[key], params)
-    params["retrievers"] = ",".join(spec.retrievers)
-    params["readers"] = ",".join(e.key for e in spec.reader_entries())
-    logger.log(parent, params=params, metrics={**run_stats, "questions": summary_dict["questions"]})
-    logger.log_spec(parent, shown)
-    cell_runs = {}
-    for cell, metrics in summary_dict["cells"].items():
-        retriever, strategy, model = (part.strip() for part in cell.split("·"))
-        run = logger.start_run(cell, {**common_tags, "ragledger.level": "cell", "ragledger.cell": cell,
-                                      "retriever": retriever, "reader": strategy, "model": model}, parent_run_id=parent)
-        cell_params = {k: v for k, v in params.items() if not k.startswith(("retrievers", "readers"))}
-        cell_params.update({"retriever": retriever, "reader": strategy, "model": model})
-        logger.log(run, params=cell_params, metrics={k: v for k, v in metrics.items() if isinstance(v, int | float)})
-        for kind, files in cell_segments.get(cell, {}).items():
-            logger.log_artifacts(run, files, f"records/{kind}")
-        logger.end(run)
-        cell_runs[cell] = run
-    logger.log_text(parent, json.dumps(summary_dict["cells"], indent=2, default=str), "analysis/summary.json")
-    logger.log_artifacts(parent, analysis_files or [], "analysis")
-    logger.end(parent)
-    return {"parent": parent, "cells": cell_runs, "experiment_id": logger.experiment_id}
+def log_to_mlflow(store_root: str, manifest: str, record: dict[str, Any], tracking_uri: str) -> dict[str, Any]:
+    """Write the run manifest and log the execution to MLflow from it, exactly once (tracking/mlflow_sync.py). MLflow
+    down (before or during the logging) leaves the execution pending, not the run failed: the store has every event.
+    Logged, it then logs the store's other pending executions for this tracking URI (a previous run's)."""
+    try:
+        record = publish(store_root, Path(manifest), record, tracking_uri)
+    except MlflowLoggingPending as exc:
+        return {"pending": str(exc), "synced": []}
+    synced = sync(store_root, tracking_uri, only_uri=tracking_uri)
+    s = record["summary"]
+    return {"parent": s["mlflow_parent_run_id"], "cells": s["mlflow_cell_run_ids"], "experiment_id": s["mlflow_experiment_id"],
+            "pending": None, "synced": [e["execution"] for e in synced.logged]}
 
 
 def recall_curve_files(store: EventStore, questions_df, segments: dict[str, list[str | None]], out_dir: Path) -> list[str]:
@@ -413,31 +394,26 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
     summary.task_processes = len(task_pids)
     summary.tracking_uri = tracking_uri or resolve_tracking_uri(spec.tracking.mlflow_uri)
     summary.wall_time_s = round(time.perf_counter() - started, 2)
-    run_stats = {"llm_calls": summary.llm_calls, "cache_hits": summary.cache_hits, "retries": summary.retries,
-                 "tasks_total": tasks_total, "tasks_from_cache": tasks_cached, "wall_time_s": summary.wall_time_s,
-                 "questions_sampled": questions_sampled}
-    if closed_book_dropped is not None:
-        run_stats["closed_book_dropped"] = closed_book_dropped
     analysis_files = recall_curve[0].result() if recall_curve else recall_curve_for(retrieved)
     table_dir = Path(store_root) / "runs" / spec.name / f"readers-{stable_hash(summary.cells, length=12)}"
     analysis_files += write_readers_table(readers_table(summary.cells), table_dir,
                                           f"{spec.name} — {summary.questions} questions")
     stage_done("metrics")
-    logged = log_to_mlflow(spec_dict, asdict(summary), cell_segments, run_stats, summary.tracking_uri, analysis_files)
-    stage_done("mlflow")
     summary.stage_seconds = stage_seconds
-    summary.mlflow_parent_run_id = logged["parent"]
-    summary.mlflow_cell_run_ids = logged["cells"]
-    summary.mlflow_experiment_id = logged["experiment_id"]
-
-    manifest_dir = Path(store_root) / "runs" / spec.name
-    manifest_dir.mkdir(parents=True, exist_ok=True)
-    manifest = manifest_dir / f"{time.strftime('%Y%m%dT%H%M%S')}-{run_token[:8]}.json"
-    # aside and renamed: a full disk or a kill never leaves half a manifest (latest_execution would refuse it)
-    write_text_atomically(manifest, json.dumps({"summary": asdict(summary), "segments": cell_segments,
-                                                "closed_book_filter_segments": filter_segments,
-                                                "spec": safe_spec(spec_dict)}, indent=2, default=str))
+    # the execution id names the manifest and tags its MLflow runs (written aside and renamed: a full disk or a kill
+    # never leaves half a manifest, which latest_execution would refuse)
+    manifest = Path(store_root) / "runs" / spec.name / f"{time.strftime('%Y%m%dT%H%M%S')}-{run_token[:8]}.json"
     summary.manifest = str(manifest)
+    record = {"summary": asdict(summary), "segments": cell_segments, "closed_book_filter_segments": filter_segments,
+              "spec": safe_spec(spec_dict), "analysis_files": analysis_files}
+    logged = log_to_mlflow(store_root, str(manifest), record, summary.tracking_uri)
+    stage_done("mlflow")
+    summary.mlflow_pending = logged["pending"]
+    summary.mlflow_synced = logged["synced"]
+    if not logged["pending"]:
+        summary.mlflow_parent_run_id = logged["parent"]
+        summary.mlflow_cell_run_ids = logged["cells"]
+        summary.mlflow_experiment_id = logged["experiment_id"]
     return asdict(summary)
 
 

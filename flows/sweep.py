@@ -16,6 +16,7 @@ from flows.endpoint import shared_endpoint
 from flows.experiment import FLOW_VERSION, run_experiment, without_default_heartbeats
 from ragledger import progress
 from schemas.spec import SweepSpec, parse_spec
+from tracking.mlflow_sync import MlflowLoggingPending
 
 # the run-summary counters a sweep adds up over its experiments
 TOTALS = ("llm_calls", "cache_hits", "retries", "tasks_total", "tasks_from_cache")
@@ -61,9 +62,20 @@ def sweep_flow(spec_dict: dict, store_root: str, tracking_uri: str | None = None
 def run_spec(spec_dict: dict, store_root: str, base_url: str | None = None, tracking_uri: str | None = None,
              runner: str | None = None, workers: int | None = None, scheduler_address: str | None = None) -> dict:
     """A spec with one dataset runs as an experiment (its RunSummary); with a list of datasets, as a sweep
-    (a SweepSummary, whose `experiments` holds each RunSummary)."""
+    (a SweepSummary, whose `experiments` holds each RunSummary). Raises MlflowLoggingPending (its `summary` the
+    summary) when MLflow did not take some experiment's logging: every experiment ran and stored its events."""
     if isinstance(parse_spec(spec_dict), SweepSpec):
         with without_default_heartbeats():
-            return sweep_flow(spec_dict, store_root, tracking_uri, base_url, runner, workers, scheduler_address)
-    return run_experiment(spec_dict, store_root, base_url=base_url, tracking_uri=tracking_uri, runner=runner,
-                          workers=workers, scheduler_address=scheduler_address)
+            summary = sweep_flow(spec_dict, store_root, tracking_uri, base_url, runner, workers, scheduler_address)
+    else:
+        summary = run_experiment(spec_dict, store_root, base_url=base_url, tracking_uri=tracking_uri, runner=runner,
+                                 workers=workers, scheduler_address=scheduler_address)
+    experiments = summary.get("experiments", [summary])
+    pending = [e["mlflow_pending"] for e in experiments if e.get("mlflow_pending")]
+    if pending:
+        # an error, not a warning (exit 2): what the user sees in MLflow is incomplete until the sync
+        more = f" ({len(pending)} of the sweep's {len(experiments)} experiments)" if "experiments" in summary else ""
+        error = MlflowLoggingPending(pending[0] + more)
+        error.summary = summary  # type: ignore[attr-defined]
+        raise error
+    return summary

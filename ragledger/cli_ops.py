@@ -202,7 +202,35 @@ def _mlflow_run_of(store_root: str | None, experiment: str, flow_run_id: str) ->
     return None
 
 
+def sync(
+    store: Annotated[str, typer.Option(help="event store directory")] = ".ragledger/store",
+    tracking_uri: Annotated[str | None, typer.Option(help="log here instead of the URI each run was meant for")] = None,
+    all_executions: Annotated[bool, typer.Option("--all", help="also every execution in the store that has no "
+                                                 "runs at the URI: rebuild a lost or new MLflow database")] = False,
+) -> None:
+    """Log to MLflow the executions whose MLflow logging is pending (MLflow was down), each exactly once."""
+    cli = _cli()
+    from rich.markup import escape
+
+    from tracking import mlflow_sync
+
+    if not Path(store).is_dir():
+        cli._fail(f"--store: {Path(store).resolve()}: no event store there")
+    before = len(mlflow_sync.pending_markers(store))
+    result = mlflow_sync.sync(store, tracking_uri, everything=all_executions, log=lambda e: cli.console.print(
+        f"logged {e['experiment']} execution {e['execution']} to MLflow {e['tracking_uri']}: parent run {e['parent']}, "
+        f"{len(e['cells'])} cell run(s)", highlight=False))
+    cli.console.print(f"{len(result.logged)} execution(s) logged to MLflow; {len(result.pending)} still pending "
+                      f"(of {before} pending before)" + (f"; {len(result.skipped)} already logged or being logged by "
+                                                         "another process" if result.skipped else ""))
+    if result.pending:
+        first = result.pending[0]
+        error = mlflow_sync.pending_error(first["tracking_uri"], store, ConnectionError(first["error"]), len(result.pending))
+        cli._fail(escape(str(error)))
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(server_app, name="server")
     app.command()(schedule)
     app.command()(runs)
+    app.command()(sync)

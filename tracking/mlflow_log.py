@@ -82,10 +82,37 @@ def _sqlite_init_lock(tracking_uri: str) -> Iterator[None]:
         yield
 
 
+# MLflow's own HTTP retries (7, backoff factor 2: ~4 minutes per request) made a stopped tracking server hold a
+# finished run for minutes before its logging was set aside as pending (tracking/mlflow_sync.py); these bound it to
+# seconds unless the user set them
+HTTP_RETRY_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                       "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
+
+
+def check_reachable(tracking_uri: str, timeout_s: float = 5.0) -> None:
+    """Raise ConnectionError when an http(s) tracking server does not answer at all (refused, timed out); any HTTP
+    answer counts as reachable (a server without /health). Other stores (sqlite, postgresql) fail on first use."""
+    import urllib.error
+    import urllib.request
+
+    if not tracking_uri.startswith(("http://", "https://")):
+        return
+    try:
+        with urllib.request.urlopen(f"{tracking_uri.rstrip('/')}/health", timeout=timeout_s):
+            return
+    except urllib.error.HTTPError:
+        return
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise ConnectionError(f"no answer ({reason})") from None
+
+
 class MlflowLogger:
     def __init__(self, tracking_uri: str, experiment_name: str):
         from mlflow import MlflowClient
 
+        for name, value in HTTP_RETRY_DEFAULTS.items():
+            os.environ.setdefault(name, value)
         self.tracking_uri = tracking_uri
         # a client bound to this URI, never mlflow.set_tracking_uri: that also sets MLFLOW_TRACKING_URI in
         # os.environ, so every later run of a long-lived process (a schedule server) and every process it
@@ -132,10 +159,21 @@ class MlflowLogger:
                 closed += 1
         return closed
 
-    def start_run(self, name: str, tags: dict[str, str], parent_run_id: str | None = None) -> str:
+    def runs_with_tag(self, key: str, value: str) -> list[Any]:
+        """The experiment's runs (any status, not deleted) whose tag `key` is `value`."""
+        quoted = value.replace("'", "\\'")
+        return list(self.client.search_runs([self.experiment_id], filter_string=f"tags.\"{key}\" = '{quoted}'",
+                                            max_results=10000))
+
+    @staticmethod
+    def owner_tags() -> dict[str, str]:
+        """Which process logs a run: close_abandoned_runs ends a RUNNING run whose process is gone."""
         import socket
 
-        tags = {**tags, "ragledger.pid": str(os.getpid()), "ragledger.host": socket.gethostname()}
+        return {"ragledger.pid": str(os.getpid()), "ragledger.host": socket.gethostname()}
+
+    def start_run(self, name: str, tags: dict[str, str], parent_run_id: str | None = None) -> str:
+        tags = {**tags, **self.owner_tags()}
         if parent_run_id:
             tags["mlflow.parentRunId"] = parent_run_id
         run = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
