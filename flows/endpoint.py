@@ -42,6 +42,16 @@ class ModelEndpoint:
         """Where log-probability calls go when it is not `url()` (the embedded server started with logits_all)."""
         return self._logprobs_url
 
+    def prompt_tokens_evaluated(self) -> int | None:
+        """The prompt tokens the embedded servers of this endpoint evaluated so far, by their own report (llama.cpp
+        evaluates only what differs from the previous prompt); None for other backends or a server not started."""
+        if self.base_url is not None or self._url is None or self.model.backend != "embedded":
+            return None
+        from ragledger.embedded import prompt_tokens_evaluated
+
+        counts = [prompt_tokens_evaluated(u) for u in (self._url, self._logprobs_url) if u]
+        return None if any(c is None for c in counts) else sum(c for c in counts if c is not None)
+
     def known_url(self) -> str:
         """The URL without starting anything, for tasks whose results come from the cache (they make no call)."""
         return self.base_url or self._url or self.model.base_url or ""

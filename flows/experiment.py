@@ -67,6 +67,10 @@ class RunSummary:
     llm_calls: int = 0
     cache_hits: int = 0
     retries: int = 0
+    prompt_tokens_sent: int = 0  # prompt tokens of the calls this run made (their usage.prompt_tokens)
+    # of those, what the embedded server evaluated by its own count (it reuses the previous prompt's prefix from its
+    # KV cache); None for other backends
+    prompt_tokens_evaluated: int | None = None
     tasks_total: int = 0
     tasks_from_cache: int = 0
     task_processes: int = 0  # distinct processes that ran this run's stage tasks (1 = threads; >1 = Dask workers)
@@ -177,7 +181,7 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
     entries = {e.key: e for e in spec.reader_entries()}  # cell strategy label -> reader name and settings
     cells = [CellPlan(r, k, spec.model.display_name, get_reader(e.name).rounds)
              for r in spec.retrievers for k, e in entries.items()]
-    counters = {"llm_calls": 0, "cache_hits": 0, "retries": 0}
+    counters = {"llm_calls": 0, "cache_hits": 0, "retries": 0, "tokens_in": 0}
     tasks_total = tasks_cached = 0
     task_pids: set[int] = set()
 
@@ -210,6 +214,7 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
             return False
 
     with model_endpoint(spec, base_url) as endpoint:
+        evaluated_before = endpoint.prompt_tokens_evaluated() or 0  # a sweep's shared server counts from its start
         # 0. seed 001's closed-book filter: one task per shard of the sampled questions; the rest run on what is left
         closed_book_dropped: int | None = None
         filter_segments: list[str] = []
@@ -359,6 +364,7 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
         finally:
             background.shutdown(wait=True)
         stage_seconds.update(pipeline.stage_spans(list(pipeline_stages)))
+        evaluated = endpoint.prompt_tokens_evaluated()
 
     # metrics per cell, from the stored records of this run (timed from here: closing the endpoint is not a stage)
     stage_started = time.perf_counter()
@@ -390,6 +396,8 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
                                            store.read("generations", paths=segs["generations"])))
 
     summary.llm_calls, summary.cache_hits, summary.retries = counters["llm_calls"], counters["cache_hits"], counters["retries"]
+    summary.prompt_tokens_sent = counters["tokens_in"]
+    summary.prompt_tokens_evaluated = None if evaluated is None else evaluated - evaluated_before
     summary.tasks_total, summary.tasks_from_cache = tasks_total, tasks_cached
     summary.task_processes = len(task_pids)
     summary.tracking_uri = tracking_uri or resolve_tracking_uri(spec.tracking.mlflow_uri)

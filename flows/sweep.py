@@ -19,7 +19,7 @@ from schemas.spec import SweepSpec, parse_spec
 from tracking.mlflow_sync import MlflowLoggingPending
 
 # the run-summary counters a sweep adds up over its experiments
-TOTALS = ("llm_calls", "cache_hits", "retries", "tasks_total", "tasks_from_cache")
+TOTALS = ("llm_calls", "cache_hits", "retries", "tasks_total", "tasks_from_cache", "prompt_tokens_sent")
 
 
 @dataclass
@@ -31,6 +31,8 @@ class SweepSummary:
     retries: int = 0
     tasks_total: int = 0
     tasks_from_cache: int = 0
+    prompt_tokens_sent: int = 0
+    prompt_tokens_evaluated: int | None = None  # the embedded server's own count; None for other backends
     wall_time_s: float = 0.0
     tracking_uri: str = ""
     mlflow_experiment_id: str | None = None
@@ -53,6 +55,8 @@ def sweep_flow(spec_dict: dict, store_root: str, tracking_uri: str | None = None
             progress.advance("experiments", 1)
     for key in TOTALS:
         setattr(summary, key, sum(r[key] for r in summary.experiments))
+    evaluated = [r["prompt_tokens_evaluated"] for r in summary.experiments]
+    summary.prompt_tokens_evaluated = None if None in evaluated else sum(evaluated)
     summary.tracking_uri = summary.experiments[0]["tracking_uri"]
     summary.mlflow_experiment_id = summary.experiments[0]["mlflow_experiment_id"]  # one MLflow experiment for all
     summary.wall_time_s = round(time.perf_counter() - started, 2)

@@ -249,6 +249,10 @@ def _print_summary(summary: dict) -> None:
         f"retries {summary['retries']}; {summary['tasks_from_cache']}/{summary['tasks_total']} tasks from Prefect's cache) "
         f"in {summary['wall_time_s']:.1f} s"
     )
+    if summary.get("prompt_tokens_evaluated") is not None and summary.get("prompt_tokens_sent"):
+        sent, evaluated = summary["prompt_tokens_sent"], summary["prompt_tokens_evaluated"]
+        console.print(f"prompt tokens: {sent:,} sent, {evaluated:,} evaluated by the embedded server "
+                      f"({100 * evaluated / sent:.0f}%: it reuses the previous prompt's prefix)")
     parents = ", ".join(s["mlflow_parent_run_id"] for s in experiments)
     console.print(f"MLflow: {summary['tracking_uri']}  experiment id {summary['mlflow_experiment_id']}, "
                   f"parent run{'s' if len(experiments) > 1 else ''} {parents}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -90,6 +91,7 @@ def embedded_server(
                     raise EmbeddedServerError(f"embedded server did not answer within 180 s; log {log_path}")
                 time.sleep(0.5)
             _first_completion(base_url, model_name, proc, log_path)
+            _SERVER_LOGS[base_url] = (log_path, log_path.stat().st_size)  # what the run's calls evaluate starts here
             try:
                 yield base_url
             except Exception as exc:
@@ -102,6 +104,27 @@ def embedded_server(
 
             close_clients(base_url)  # its connections die with it
             stop_child(proc, grace_s=15)
+
+
+# llama.cpp reports, after each completion, how many prompt tokens it evaluated: with the previous prompt's prefix
+# still in its KV cache, only the rest (llama_cpp.Llama.generate: "N prefix-match hit, remaining M prompt tokens")
+_PROMPT_EVAL = re.compile(rb"prompt eval time =\s*[\d.]+ ms /\s*(\d+) tokens")
+_SERVER_LOGS: dict[str, tuple[Path, int]] = {}  # base_url -> (its log, the log's size when the run got the server)
+
+
+def prompt_tokens_evaluated(base_url: str) -> int | None:
+    """The prompt tokens the embedded server at `base_url` evaluated for the calls it answered, from its own
+    per-completion report in its log (after the start-up check); None for a server this process did not start."""
+    entry = _SERVER_LOGS.get(base_url)
+    if entry is None:
+        return None
+    path, start = entry
+    try:
+        with path.open("rb") as f:
+            f.seek(start)
+            return sum(int(n) for n in _PROMPT_EVAL.findall(f.read()))
+    except OSError:
+        return None
 
 
 def died_message(returncode: int | None, log_path: Path) -> str:
