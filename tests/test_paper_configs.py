@@ -65,3 +65,23 @@ def test_seed_004_configs_hold_table1_settings_and_table3_rows():
                                                      "sure_generic"]
     header3 = (PAPERS / "004_table3.yaml").read_text()
     assert "Conditional summarizations 30.4 / 40.9" in header3 and "+ Pair-wise ranking 30.6 / 41.2" in header3
+
+
+@pytest.mark.parametrize("name", ["readers.yaml", "retrievers.yaml"])
+def test_gpu_configs_are_the_cpu_configs_except_for_size_and_model(name: str):
+    """configs/X.yaml is sized for the embedded model on 2 cores; configs/gpu/X.yaml is the same experiment for a
+    vLLM server: only the number of questions, the shard size and the model block differ."""
+    import yaml
+
+    root = PAPERS.parent
+    cpu, gpu = (yaml.safe_load((root / d / name).read_text()) for d in (".", "gpu"))
+    load_spec(root / name), load_spec(root / "gpu" / name)  # both validate
+    assert cpu["model"]["backend"] == "embedded" and gpu["model"]["backend"] == "openai"
+    datasets = [(d["name"], d["path"], d.get("seed")) for d in (cpu["dataset"] if isinstance(cpu["dataset"], list)
+                                                                  else [cpu["dataset"]])]
+    gpu_datasets = [(d["name"], d["path"], d.get("seed")) for d in (gpu["dataset"] if isinstance(gpu["dataset"], list)
+                                                                     else [gpu["dataset"]])]
+    assert datasets == gpu_datasets
+    for key in ("model", "dataset", "execution"):
+        cpu.pop(key), gpu.pop(key)
+    assert cpu == gpu

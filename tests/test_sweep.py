@@ -106,12 +106,13 @@ def test_bad_list_entries_are_named(tmp_path, datasets, retrievers, needle):
     assert str(exc.value).startswith(str(path)) and needle in str(exc.value), str(exc.value)
 
 
-def test_retrievers_config_is_the_issues_sweep():
+def test_retrievers_config_is_the_seed_002_pool_over_squad_and_nq():
     spec = load_spec(Path(__file__).resolve().parent.parent / "configs" / "retrievers.yaml")
     assert isinstance(spec, SweepSpec) and len(spec.retrievers) >= 8 and spec.readers == ["concatenation"]
+    assert {"dense@5", "bm25@rr@5", "hybrid(bm25@3,dense@3)", "compress(bm25@5)", "parametric", "none"} <= set(spec.retrievers)
     assert [(e.name, e.dataset.name, e.dataset.path, e.dataset.limit) for e in spec.expand()] == [
-        ("retrievers.squad", "squad", "squad/dev-v1.1.json.gz", 200),
-        ("retrievers.nq-open", "nq-open", "nq-open/NQ-open.dev.jsonl", 200)]
+        ("retrievers.squad", "squad", "squad/dev-v1.1.json.gz", 25),
+        ("retrievers.nq-open", "nq-open", "nq-open/NQ-open.dev.jsonl", 25)]
     from ragledger.cli import preflight
 
     preflight(spec)  # both datasets and the corpus are there
