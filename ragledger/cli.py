@@ -157,6 +157,14 @@ def preflight(spec: AnySpec) -> None:
                            "MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD (an MLflow server) or PGPASSWORD (PostgreSQL)")
 
 
+def _import_flows() -> None:
+    """The flow modules' imports (Prefect, pandas, pandera: seconds on a cold start), done while Prefect's temporary
+    server starts in its own process (ragledger/prefect_server.py `prefect_api`). Nothing heavier is imported before
+    the first model call: torch, transformers, sentence-transformers, Pyserini and MLflow load inside the functions
+    that use them (tests/test_cold_start_imports.py)."""
+    import flows.sweep  # noqa: F401
+
+
 @app.command()
 def run(
     spec_path: Annotated[Path, typer.Argument(help="experiment spec (YAML)", metavar="SPEC")],
@@ -208,7 +216,7 @@ def run(
                   f"retriever(s) × {len(spec.readers)} reader(s) on {datasets}, model {spec.model.display_name}")
     with _stage_progress():
         try:
-            with prefect_api():
+            with prefect_api(meanwhile=_import_flows):
                 from flows.sweep import run_spec
 
                 summary = run_spec(spec.model_dump(), store_root, base_url=base_url, runner=runner, workers=workers,

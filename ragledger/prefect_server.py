@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ragledger.processes import die_with_parent, pid_alive, stop_child, stop_process_group
@@ -129,8 +129,9 @@ def stop_persistent_server() -> bool:
 
 
 @contextlib.contextmanager
-def temporary_server() -> Iterator[str]:
-    """A Prefect API for the duration of one command; it dies with the command."""
+def temporary_server(meanwhile: Callable[[], None] | None = None) -> Iterator[str]:
+    """A Prefect API for the duration of one command; it dies with the command. `meanwhile` runs in this process
+    while the server starts (a few seconds of its own imports and migrations, in another process)."""
     port = _free_port()
     api_url = f"http://127.0.0.1:{port}/api"
     import importlib.util
@@ -149,6 +150,8 @@ def temporary_server() -> Iterator[str]:
             fcntl.flock(lock, fcntl.LOCK_EX)
             proc = subprocess.Popen(args, env=_server_env(ephemeral=True), stdin=subprocess.DEVNULL,
                                     preexec_fn=die_with_parent)  # only prctl runs before exec: no locks taken
+            if meanwhile is not None:
+                meanwhile()
             _wait_healthy(api_url, proc, None)
         yield api_url
     finally:
@@ -170,12 +173,16 @@ def _send_pending_logs(timeout_s: float = 5.0) -> None:
 
 
 @contextlib.contextmanager
-def prefect_api() -> Iterator[str]:
-    """Point this process (and processes it starts, e.g. Dask workers) at a Prefect API; see module doc."""
+def prefect_api(meanwhile: Callable[[], None] | None = None) -> Iterator[str]:
+    """Point this process (and processes it starts, e.g. Dask workers) at a Prefect API; see module doc.
+    `meanwhile` (e.g. importing the flow modules: Prefect, pandas, pandera) runs before the block, while a temporary
+    server starts when one is needed, so the command waits for the longer of the two rather than their sum."""
     url = os.environ.get("PREFECT_API_URL") or persistent_server_url()
     with contextlib.ExitStack() as stack:
         if not url:
-            url = stack.enter_context(temporary_server())
+            url = stack.enter_context(temporary_server(meanwhile))
+        elif meanwhile is not None:
+            meanwhile()
         with _api_url_set(url):
             yield url
 

@@ -1,0 +1,66 @@
+"""Start-up off the critical path: what `ragledger run` loads before its first model call, and what a cached rerun
+starts. Timing is measured in tests/benchmarks/test_cold_start.py; these tests check only what is loaded.
+
+- A fresh process importing the CLI and the flow modules (all that `ragledger run` imports before the flow
+  starts) loads none of torch, transformers, sentence-transformers, Pyserini (and its JVM bridge), ONNX Runtime
+  or MLflow: each is imported inside the function that needs it (ragledger/semantic.py, tasks/retrievers/bm25.py,
+  ragledger/java.py, tracking/mlflow_log.py).
+- A rerun answered entirely from the caches starts no JVM, searches no BM25 index, loads no embedding model and
+  makes no model call (flows/experiment.py starts the model endpoint only when a task must call it).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.fakes.openai_server import ScriptedServer
+from tests.test_flow_scripted import answer_from_context, make_spec, run_flow, workspace  # noqa: F401  (fixture)
+
+REPO = Path(__file__).resolve().parents[1]
+HEAVY = ("torch", "transformers", "sentence_transformers", "pyserini", "jnius", "onnxruntime", "mlflow")
+
+
+def heavy_modules_after(statement: str) -> list[str]:
+    script = f"import json, sys\n{statement}\nprint(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}})))"
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, check=True)
+    loaded = set(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return sorted(loaded & set(HEAVY))
+
+
+def test_the_run_path_imports_nothing_heavy():
+    # ragledger/cli.py `run` imports flows.sweep (which imports flows.experiment, tasks.*, tracking.*) before the flow
+    assert heavy_modules_after("import ragledger.cli, flows.experiment, flows.sweep") == []
+
+
+def test_the_check_sees_a_heavy_import():
+    """The check above is real: a module importing Pyserini at module level would be seen (its package alone: the
+    pyserini.search modules would pull in torch and the JVM, seconds for nothing)."""
+    assert heavy_modules_after("import ragledger.cli, pyserini") == ["pyserini"]
+
+
+def test_a_cached_rerun_starts_no_jvm_and_no_embedding_model(workspace, prefect_harness, monkeypatch):  # noqa: F811
+    with ScriptedServer(answer=answer_from_context) as server:
+        spec = make_spec(workspace, server.base_url)
+        first = run_flow(spec)
+        calls = server.calls
+
+        def refuse(what: str):
+            def fail(*args, **kwargs):
+                raise AssertionError(f"a fully cached rerun {what}")
+            return fail
+
+        import ragledger.java
+        import ragledger.semantic
+        import tasks.retrievers.bm25
+
+        monkeypatch.setattr(ragledger.java, "ensure_jvm", refuse("started the JVM"))
+        monkeypatch.setattr(tasks.retrievers.bm25, "_searcher", refuse("opened a BM25 searcher"))
+        monkeypatch.setattr(ragledger.semantic, "embedding_model", refuse("loaded the embedding model"))
+        monkeypatch.setattr(ragledger.semantic, "embed", refuse("embedded answers"))
+        second = run_flow(spec)
+        assert second["llm_calls"] == 0 and server.calls == calls
+        assert second["tasks_from_cache"] == second["tasks_total"]
+        assert second["cells"] == first["cells"]
