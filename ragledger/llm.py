@@ -23,13 +23,13 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ragledger.llm_http import BackendError, Endpoint, LLMRequest, LLMResponse, encode, read_message
+from ragledger.llm_http import BackendError, ContextOverflow, Endpoint, LLMRequest, LLMResponse, encode, read_message
 from tracking.events import stable_hash
 from tracking.llm_cache import LLMCallCache
 
 T = TypeVar("T")
 
-__all__ = ["BackendError", "CallCounters", "LLMClient", "LLMRequest", "LLMResponse", "api_key_from_env",
+__all__ = ["BackendError", "CallCounters", "ContextOverflow", "LLMClient", "LLMRequest", "LLMResponse", "api_key_from_env",
            "close_clients", "run_on_engine"]
 
 REPO_ROOT = str(Path(__file__).resolve().parents[1])  # the model-call process imports ragledger and tracking from here
@@ -176,7 +176,10 @@ class _CallProcess:
                 call_id, ok, payload = message
                 future = self._pending.pop(call_id, None)
                 if future is not None and not future.done():
-                    future.set_result(payload) if ok else future.set_exception(BackendError(payload))
+                    if ok:
+                        future.set_result(payload)
+                    else:  # a message, or a ContextOverflow as itself (ragledger.llm_http.serve)
+                        future.set_exception(payload if isinstance(payload, BackendError) else BackendError(payload))
         except Exception as exc:  # an unreadable answer: no call may wait forever for it
             why = f": {type(exc).__name__}: {exc}"
             proc.kill()

@@ -14,7 +14,7 @@ loop got the GIL late, so its 64 slots sat answered but unread. In its own proce
 
 Protocol (both ends ragledger's own): length-prefixed pickles. Parent -> child: ("call", id, Endpoint, LLMRequest,
 cache key, cache path or None, unreachable_for_s) and ("close", base_url). Child -> parent: (id, True, LLMResponse)
-or (id, False, message).
+or (id, False, message), a ContextOverflow being sent as itself.
 A call is written to the call cache before its answer is sent, so a call that was answered is never asked again,
 whatever happens to either process afterwards.
 """
@@ -64,6 +64,12 @@ class LLMResponse:
 
 class BackendError(RuntimeError):
     """The model endpoint failed after all retries (or refused the request outright)."""
+
+
+class ContextOverflow(BackendError):
+    """The server refused a prompt longer than its context window (HTTP 400; vLLM, llama.cpp and OpenAI word it
+    differently, `_is_context_overflow`). Sent to the parent process as itself, so the generate stage can name the
+    cell and question whose prompt it was (tasks/generate.py)."""
 
 
 @dataclass(frozen=True)
@@ -157,6 +163,9 @@ async def _call_with_retries(ep: Endpoint, client: Any, req: LLMRequest, unreach
             )
         except openai.APIStatusError as exc:
             status = exc.status_code
+            if status == 400 and _is_context_overflow(exc):
+                raise ContextOverflow(f"the prompt does not fit the model's context: {_server_message(exc)} ({shown}, "
+                                      f"HTTP 400, not retried)") from None
             if status in (400, 401, 403, 404, 422):
                 raise BackendError(f"{shown}: HTTP {status} (not retried): {_short(exc)}") from None
             last_error, transport_failure = f"HTTP {status}", False
@@ -250,6 +259,32 @@ def _short(exc: BaseException) -> str:
     return str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
 
 
+def _server_message(exc: Any) -> str:
+    """The error body's own message, whole and on one line (vLLM's context error runs past `_short`'s 200
+    characters, and its figures are at the end)."""
+    body = getattr(exc, "body", None)
+    message = body.get("message") if isinstance(body, dict) else None
+    if not isinstance(message, str) or not message.strip():
+        return _short(exc)
+    return " ".join(message.split())[:600]
+
+
+def _is_context_overflow(exc: Any) -> bool:
+    """Whether an HTTP 400 says the prompt is longer than the context window. The servers' bodies, as they answer
+    the same over-long request (tests/test_vllm_server.py; tests/test_server_dialects.py replays both):
+    vLLM 0.32: {"message": "This model's maximum context length is 2048 tokens. However, your prompt contains at least
+    2049 input tokens, ...", "type": "BadRequestError", "param": "input_tokens", "code": 400};
+    llama.cpp (llama-cpp-python): {"message": "This model's maximum context length is 2048 tokens. However, you
+    requested 2542 tokens (2530 in the messages, 12 in the completion). ...", "code": "context_length_exceeded"};
+    OpenAI: code "context_length_exceeded"."""
+    body = getattr(exc, "body", None)
+    if not isinstance(body, dict):
+        return False
+    message = str(body.get("message") or "").lower()
+    return (body.get("code") == "context_length_exceeded" or "maximum context length" in message
+            or "context window" in message or body.get("param") == "input_tokens")
+
+
 def _retry_after(response: Any) -> float | None:
     try:
         value = response.headers.get("retry-after")
@@ -262,8 +297,23 @@ def _token_logprobs(choice: Any) -> list[tuple[str, float]] | None:
     content = getattr(getattr(choice, "logprobs", None), "content", None)
     if not content:
         return None
-    pairs = [(t.token or "", float(t.logprob)) for t in content if t.logprob is not None]
+    entries = [t for t in content if t.logprob is not None]
+    # vLLM lists the token that ended the answer (Qwen's "<|im_end|>") after the answer's tokens, though the text
+    # does not contain it; llama.cpp does not list it. Dropped, so an output's mean log-probability is over the
+    # same tokens on both (tests/test_server_dialects.py)
+    text = getattr(getattr(choice, "message", None), "content", None) or ""
+    if len(entries) > 1 and _spelled(entries) != text and _spelled(entries[:-1]) == text:
+        entries = entries[:-1]
+    pairs = [(t.token or "", float(t.logprob)) for t in entries]
     return pairs or None
+
+
+def _spelled(entries: list[Any]) -> str:
+    """The text a list of logprob entries spells: from their bytes where the server gives them (vLLM; a character
+    split over two tokens has half of its bytes in each), else from their token strings (llama.cpp gives no bytes)."""
+    if all(getattr(t, "bytes", None) is not None for t in entries):
+        return bytes(b for t in entries for b in t.bytes).decode("utf-8", errors="replace")
+    return "".join(t.token or "" for t in entries)
 
 
 async def close_clients(base_url: str | None = None) -> None:
@@ -328,6 +378,8 @@ async def serve(reader: asyncio.StreamReader, write) -> None:
                      unreachable_for_s: float) -> None:
         try:
             message = (call_id, True, await cached_call(caches, ep, req, cache_key, cache_path, unreachable_for_s))
+        except ContextOverflow as exc:
+            message = (call_id, False, exc)  # as itself: the parent names the cell and question (tasks/generate.py)
         except BackendError as exc:
             message = (call_id, False, str(exc))
         except Exception as exc:  # anything else is a defect here: say what it was, keep serving the others

@@ -13,7 +13,7 @@ import pandas as pd
 
 from ragledger import progress
 from ragledger.crash import crashpoint
-from ragledger.llm import LLMClient, LLMRequest, LLMResponse, run_on_engine
+from ragledger.llm import ContextOverflow, LLMClient, LLMRequest, LLMResponse, run_on_engine
 from schemas.spec import ExperimentSpec
 from tasks.context import StageResult, cell_name, llm_client_for, read_questions, retriever_for, spec_from, stage_task, store_from
 from tasks.readers import get_reader, settings_for
@@ -89,6 +89,14 @@ def to_request(call: Call, spec: ExperimentSpec) -> LLMRequest:
         sample_index=call.sample_index,
         logprobs=call.logprobs,
     )
+
+
+def overflow_message(cell: str, qid: str, round_no: int, call: Call, exc: BaseException) -> str:
+    """One line for a prompt the server refused as longer than its context: which cell, question and call, what the
+    server said, and what shortens it (ContextOverflow, ragledger/llm_http.py)."""
+    return (f"cell '{cell}', question {qid} (round {round_no}, {call.role} call): {exc}; shorten the prompt (fewer or "
+            f"shorter passages: the retriever's k, trunc(...)) or serve a longer context (vLLM --max-model-len; the "
+            f"embedded model: model.context_window)")
 
 
 def generation_rows(
@@ -172,23 +180,26 @@ def run_generate_round(
         for i, call in enumerate(reader.plan(round_no, item, history.get(item.qid, []), settings)):
             planned.append((item.qid, i, call, to_request(call, spec)))
     client = llm_client_for(spec, base_url, store_root, logprobs_base_url)
+    cell = cell_name(retriever_name, strategy, spec.model.display_name)
 
     async def run_all() -> list[LLMResponse]:
         # report progress per finished call so a long shard shows movement
-        async def one(req: LLMRequest) -> LLMResponse:
-            resp = await client.complete(req)
+        async def one(qid: str, call: Call, req: LLMRequest) -> LLMResponse:
+            try:
+                resp = await client.complete(req)
+            except ContextOverflow as exc:
+                raise ContextOverflow(overflow_message(cell, qid, round_no, call, exc)) from None
             crashpoint("generate.call")
             progress.advance("generate calls", 1)
             return resp
 
-        return await asyncio.gather(*(one(req) for _, _, _, req in planned))
+        return await asyncio.gather(*(one(qid, call, req) for qid, _, call, req in planned))
 
     responses = run_on_engine(run_all()) if planned else []
     rows = generation_rows(spec, reader, retriever_name, round_no, stage_key, planned, responses, client, strategy,
                            reader.version_for(settings))
     segment = store.write("generations", new_events("generations", spec.name, rows)) if rows else None
     counters = client.counters.as_stage_counters()
-    cell = cell_name(retriever_name, strategy, spec.model.display_name)
     seg = str(segment) if segment else None
     return StageResult(f"generate round {round_no}", cell, stage_key, seg, len(rows), run_token, counters)
 
