@@ -10,6 +10,9 @@ VLLM_TP="${VLLM_TP:-1}"                                  # tensor parallel size 
 VLLM_MAX_SEQS="${VLLM_MAX_SEQS:-64}"                    # max concurrent sequences per batch
 VLLM_MAX_LEN="${VLLM_MAX_LEN:-8192}"                    # context: 20 passages x ~150 tokens + prompt fits in 4k; SuRe needs more
 VLLM_PORT="${VLLM_PORT:-8000}"
+# --generation-config vllm: without it vLLM applies the checkpoint's generation_config.json to every sampling field a
+# request leaves out (Qwen2.5-7B-Instruct's: top_k 20, repetition_penalty 1.05, ...); ragledger's requests set only
+# temperature, top_p, max_tokens and seed, and mean the rest at their neutral values (tests/test_vllm_server.py)
 exec vllm serve "$VLLM_MODEL" \
   --host 127.0.0.1 --port "$VLLM_PORT" \
   --tensor-parallel-size "$VLLM_TP" \
@@ -17,4 +20,5 @@ exec vllm serve "$VLLM_MODEL" \
   --max-model-len "$VLLM_MAX_LEN" \
   --gpu-memory-utilization 0.90 \
   --enable-prefix-caching \
+  --generation-config vllm \
   --seed 0
