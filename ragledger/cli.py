@@ -45,9 +45,11 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from ragledger.secrets import CredentialsInURL
     from schemas.records import RecordValidationError
     from schemas.spec import SpecError
+    from tracking.diskfull import StoreFullError
+    from tracking.mlflow_sync import MlflowLoggingPending
 
     return (SpecError, DatasetError, BackendError, EmbeddedServerError, ModelFetchError, RecordValidationError,
-            LocationError, CredentialsInURL)
+            LocationError, CredentialsInURL, StoreFullError, MlflowLoggingPending)
 
 
 def _usage_error(message: str) -> BaseException:
@@ -224,6 +226,9 @@ def run(
         except typer.Exit:
             raise
         except Exception as exc:  # user errors, the machine's (OSError), defects: one line, traceback in the log
+            pending = getattr(exc, "summary", None)
+            if pending is not None:  # MLflow did not take the logging: the results are stored, show them first
+                _print_summary(pending)
             _report(exc, (*errors, PrefectServerError))
     _print_summary(summary)
     if json_out:
@@ -261,6 +266,8 @@ def _print_summary(summary: dict) -> None:
         sent, evaluated = summary["prompt_tokens_sent"], summary["prompt_tokens_evaluated"]
         console.print(f"prompt tokens: {sent:,} sent, {evaluated:,} evaluated by the embedded server "
                       f"({100 * evaluated / sent:.0f}%: it reuses the previous prompt's prefix)")
+    if any(s.get("mlflow_parent_run_id") is None for s in experiments):
+        return  # MLflow did not take the logging: the error line after the table says so
     parents = ", ".join(s["mlflow_parent_run_id"] for s in experiments)
     console.print(f"MLflow: {summary['tracking_uri']}  experiment id {summary['mlflow_experiment_id']}, "
                   f"parent run{'s' if len(experiments) > 1 else ''} {parents}")

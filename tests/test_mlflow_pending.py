@@ -189,6 +189,8 @@ def test_mlflow_stopped_before_the_run_then_sync_logs_it_exactly_once(tmp_path, 
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
     line = one_error_line(proc)
     assert f"MLflow at {mlflow_server.url}" in line and "pending" in line and "ragledger sync" in line, line
+    assert not line.startswith("error: MlflowLoggingPending"), line  # a user-facing line, not a class name
+    assert "EM" in proc.stdout and "model calls this run" in proc.stdout, proc.stdout  # the results, before the error
     assert len(outcome_table(ws)) == 2 * 8  # every event stored
     assert [p.stem for p in (store / "mlflow-pending" / "down").glob("*.json")] == executions(store, "down")
 
