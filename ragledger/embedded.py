@@ -139,12 +139,14 @@ def died_message(returncode: int | None, log_path: Path) -> str:
         how = f"exited with status {returncode}"
     hint = ""
     if returncode == -signal.SIGILL:
-        hint = ("\nSIGILL: this llama-cpp-python build uses CPU instructions this machine lacks. Rebuild it for this CPU: "
+        hint = ("; SIGILL: this llama-cpp-python build uses CPU instructions this machine lacks. Rebuild it for this CPU: "
                 "`.venv/bin/pip uninstall -y llama-cpp-python && bash infra/setup.sh` (the build picks instruction sets "
                 "from /proc/cpuinfo; RAGLEDGER_LLAMA_VARIANT=avx2 forces the conservative one)")
     elif returncode == -signal.SIGSEGV:
-        hint = "\nSIGSEGV: a llama.cpp build problem (README, embedded model); RAGLEDGER_LLAMA_VARIANT=avx2 is the safe build"
-    return f"the embedded model server {how}; log {log_path}:{hint}\n{tail}"
+        hint = "; SIGSEGV: a llama.cpp build problem (README, embedded model); RAGLEDGER_LLAMA_VARIANT=avx2 is the safe build"
+    # the cause and its fix on the first line: a failed run's error line is the message's first line (the rest,
+    # the log's tail, goes to the run log)
+    return f"the embedded model server {how}; log {log_path}{hint}\n{tail}"
 
 
 def _first_completion(base_url: str, model_name: str, proc: subprocess.Popen, log_path: Path) -> None:
