@@ -248,6 +248,16 @@ def rank_calls(item: ReaderInput, summaries: list[str]) -> list[Call]:
                  (), max_tokens=LABEL_MAX_TOKENS, parser="passage_choice") for a, b in RANK_ORDERS]
 
 
+def first_two_rounds(round_no: int, item: ReaderInput, history: list[Generation]) -> list[Call] | None:
+    """SuRe's rounds 1-2 (candidates, then one conditional summary each), shared by `sure_ranking` and
+    `sure_summaries`, whose identical calls the LLM-call cache serves once; None from round 3 on."""
+    if round_no == 1:
+        return [candidates_call(item)]
+    if round_no == 2:
+        return summary_calls(item, history)
+    return None
+
+
 class SuRe(Reader):
     name = "sure"
     prompt_version = PROMPT_VERSION
@@ -255,10 +265,8 @@ class SuRe(Reader):
     rounds = 3
 
     def plan(self, round_no: int, item: ReaderInput, history: list[Generation], settings: ReaderSettings) -> list[Call]:
-        if round_no == 1:
-            return [candidates_call(item)]
-        if round_no == 2:
-            return summary_calls(item, history)
+        if (calls := first_two_rounds(round_no, item, history)) is not None:
+            return calls
         cands, summaries = candidates_from(history), summaries_from(history)
         if len(cands) < K or len(summaries) < K:
             return []

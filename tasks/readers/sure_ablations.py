@@ -50,12 +50,12 @@ from tasks.readers.sure import (
     candidates_call,
     candidates_from,
     choices_text,
+    first_two_rounds,
     passages_block,
     rank_calls,
     rank_scores,
     single_candidate,
     summaries_from,
-    summary_calls,
 )
 from tasks.readers.sure import PROMPT_VERSION as SURE_VERSION
 
@@ -129,10 +129,8 @@ class SuReRanking(Reader):
     rounds = 3
 
     def plan(self, round_no: int, item: ReaderInput, history: list[Generation], settings: ReaderSettings) -> list[Call]:
-        if round_no == 1:
-            return [candidates_call(item)]
-        if round_no == 2:
-            return summary_calls(item, history)
+        if (calls := first_two_rounds(round_no, item, history)) is not None:
+            return calls
         summaries = summaries_from(history)
         return rank_calls(item, summaries) if len(candidates_from(history)) >= K and len(summaries) >= K else []
 
@@ -155,10 +153,8 @@ class SuReSummaries(Reader):
     rounds = 3
 
     def plan(self, round_no: int, item: ReaderInput, history: list[Generation], settings: ReaderSettings) -> list[Call]:
-        if round_no == 1:
-            return [candidates_call(item)]
-        if round_no == 2:
-            return summary_calls(item, history)
+        if (calls := first_two_rounds(round_no, item, history)) is not None:
+            return calls
         summaries = [s for s in summaries_from(history) if s]
         if not summaries:  # nothing to append: Base's own call (served from the LLM-call cache when sure_base runs)
             return [Call("answer", SYSTEM, base_prompt(item.passages, item.question), tuple(p.pid for p in item.passages))]
