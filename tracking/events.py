@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import tempfile
-import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -24,6 +21,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ragledger.atomic import atomic_path, atomic_write_text
+from ragledger.atomic import temp_path as temp_path  # re-exported: flows/experiment.py imports it from here
 from ragledger.crash import crashpoint
 from ragledger.processes import pid_alive
 from schemas.records import RECORD_MODELS, SCHEMA_VERSION, columns_of, validate_records
@@ -33,24 +32,11 @@ from tracking.diskfull import reported_as_store_full
 PROJECTIONS_DIR = "projections"
 
 
-def temp_path(directory: Path, suffix: str = "") -> Path:
-    """A temporary file name in `directory` in the store's convention (`.tmp-<pid>-...`): every write under the store
-    goes aside and is renamed into place; one left by a killed writer is then reported by `verify` and removed by
-    `remove_abandoned_temp_files` once that pid is gone (a name without the pid would be flagged forever)."""
-    return directory / f".tmp-{os.getpid()}-{uuid.uuid4().hex}{suffix}"
-
-
 def write_text_atomically(path: Path, text: str) -> None:
-    """Write a small derived file (a projection) aside and rename it into place: readers never see half of it."""
+    """Write a small derived file (a projection) atomically (ragledger.atomic): readers never see half of it."""
     with reported_as_store_full(path):  # a full filesystem: StoreFullError naming the file, nothing left behind
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = temp_path(path.parent, path.suffix)
-        try:
-            tmp.write_text(text, encoding="utf-8")
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        atomic_write_text(path, text)
+
 
 CHECKSUM_KEY = b"ragledger.checksum"
 KIND_KEY = b"ragledger.kind"
@@ -133,25 +119,10 @@ class EventStore:
         )
         # out of space (ENOSPC from mkdir, the write or the fsync): the temp file is removed below and the error names
         # the segment (tracking/diskfull.py); the target name appears only by the rename, so never half-written
-        with reported_as_store_full(target):
-            target.parent.mkdir(parents=True, exist_ok=True)
-            # the writer's pid in the temp name lets a later run tell an abandoned temp file from a live one
-            fd, tmp = tempfile.mkstemp(prefix=f".tmp-{os.getpid()}-", suffix=".parquet", dir=target.parent)
-            try:
-                with os.fdopen(fd, "wb") as fh:
-                    pq.write_table(table, fh, compression="zstd")
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                crashpoint("events.before_rename")
-                os.replace(tmp, target)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
-            dir_fd = os.open(target.parent, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+        with reported_as_store_full(target), atomic_path(target) as tmp:
+            with tmp.open("wb") as fh:  # Python's file object: an ENOSPC keeps its errno (pyarrow's own writer drops it)
+                pq.write_table(table, fh, compression="zstd")
+            crashpoint("events.before_rename")
         return target
 
     def remove_abandoned_temp_files(self) -> int:

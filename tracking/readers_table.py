@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from ragledger.atomic import atomic_path
+from ragledger.cell import Cell
 from tracking.diskfull import reported_as_store_full
-from tracking.events import temp_path
 
 # (column, header, decimals); numbers are percentages except tokens/calls per question. "em_ci" is shown from
 # em_ci_lo and em_ci_hi; every other column is a cell metric of the same name (tracking.metrics.cell_metrics)
@@ -37,12 +38,12 @@ def _num(v: object) -> float:
 def readers_table(cells: dict[str, dict]) -> pd.DataFrame:
     """One row per cell, in the run's cell order: retriever, reader, model, questions and the metric columns."""
     rows = []
-    for cell, m in cells.items():
-        retriever, reader, model = (p.strip() for p in cell.split("·"))
+    for name, m in cells.items():
+        cell = Cell.parse(name)
         tokens = _num(m.get("tokens_in_per_q")) + _num(m.get("tokens_out_per_q"))
         metrics = {c: _num(m.get(c)) for c in NUMBERS} | {"tokens_per_q": round(tokens, 1)}
-        rows.append({"retriever": retriever, "reader": reader, "model": model, "questions": int(m.get("questions", 0)),
-                     **metrics})
+        rows.append({"retriever": cell.retriever, "reader": cell.reader, "model": cell.model,
+                     "questions": int(m.get("questions", 0)), **metrics})
     return pd.DataFrame(rows, columns=["retriever", "reader", "model", "questions", *NUMBERS])
 
 
@@ -81,21 +82,15 @@ def to_html(table: pd.DataFrame, title: str = "") -> str:
 
 
 def write_readers_table(table: pd.DataFrame, out_dir: Path, title: str = "") -> list[str]:
-    """readers_table.csv/.md/.html in out_dir, each written aside and renamed (a killed run leaves no half file)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    """readers_table.csv/.md/.html in out_dir, each written atomically (a killed run leaves no half file)."""
     contents = {FILES[1]: to_markdown(table, title), FILES[2]: to_html(table, title)}
     paths = []
     for name in FILES:
-        tmp = temp_path(out_dir, f"-{name}")
-        try:
-            with reported_as_store_full(out_dir / name):
-                if name.endswith(".csv"):
-                    table.to_csv(tmp, index=False)
-                else:
-                    tmp.write_text(contents[name], encoding="utf-8")
-                tmp.replace(out_dir / name)
-        except BaseException:  # e.g. out of space: no temp file left for `store verify` to flag
-            tmp.unlink(missing_ok=True)
-            raise
+        # out of space: StoreFullError naming the file, and no temp file left for `store verify` to flag
+        with reported_as_store_full(out_dir / name), atomic_path(out_dir / name, suffix=f"-{name}") as tmp:
+            if name.endswith(".csv"):
+                table.to_csv(tmp, index=False)
+            else:
+                tmp.write_text(contents[name], encoding="utf-8")
         paths.append(str(out_dir / name))
     return paths
