@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 import json
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,8 @@ import pandas as pd
 from prefect import flow
 
 from tracking import analysis as an
-from tracking.executions import latest_execution, load_outcomes, manifests  # noqa: F401  (re-exported)
+from tracking.analysis import AnalysisResult
+from tracking.executions import ensemble_rows, latest_execution, load_outcomes, manifests  # noqa: F401  (re-exported)
 from tracking.stats import compare_arrays
 
 # analysis-2: RWR / MRWR / MRLR and per-error RWR per (reader, model) group (tracking/analysis.py), not pooled
@@ -28,27 +28,6 @@ ANALYSIS_VERSION = "analysis-2"
 PER_ERRORS = ("RE", "LG", "EE", "HE", "abstain")
 RWR_COLUMNS = ["reader", "model", "i", "j", "rwr"]
 PER_ERROR_COLUMNS = ["reader", "model", "error", "i", "j", "rwr"]
-
-
-@dataclass
-class AnalysisResult:
-    experiment: str
-    questions: int
-    cells: list[str]  # grouped by (reader, model), by accuracy within a group
-    inconsistency: pd.DataFrame  # one row per cell, with its group's reader and model
-    groups: list[an.RetrieverGroup]  # the per-(reader, model) RWR tables
-    decomposition: pd.DataFrame
-    shares: pd.DataFrame
-    identity: pd.DataFrame
-    paired: pd.DataFrame
-    eor: dict[str, Any] = field(default_factory=dict)
-    eor_results: dict[str, AnalysisResult] = field(default_factory=dict)
-    pngs: dict[str, bytes] = field(default_factory=dict)
-    files: list[Path] = field(default_factory=list)
-    parent_run_id: str | None = None
-    tracking_uri: str | None = None
-    dropped_questions: int = 0
-    metric: str = "em"
 
 
 def _mlflow_key(s: str) -> str:
@@ -229,7 +208,7 @@ def run_analysis(store_root: str | Path, experiment: str, out_dir: str | Path | 
     """
     execution = latest_execution(store_root, experiment)
     outcomes = load_outcomes(store_root, experiment, execution)
-    outcomes = outcomes[~outcomes["retriever"].astype(str).str.startswith("eor(")]
+    outcomes = outcomes[~ensemble_rows(outcomes)]
     res = compute(outcomes, experiment, metric, n_resamples, seed)
     base = Path(out_dir) if out_dir else Path(store_root) / "analysis" / experiment
     files = write_outputs(res, base, store_root, report=False)

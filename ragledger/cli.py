@@ -9,14 +9,12 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NoReturn
+from typing import Annotated, NoReturn
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-if TYPE_CHECKING:
-    from schemas.spec import AnySpec
+from ragledger.cli_common import console, err, fail, preflight, usage_error, user_errors
 
 app = typer.Typer(
     name="ragledger",
@@ -29,60 +27,28 @@ store_app = typer.Typer(help="Inspect and check the event store.", no_args_is_he
 app.add_typer(store_app, name="store")
 models_app = typer.Typer(help="Embedded models (GGUF files shipped in PyPI packages).", no_args_is_help=True)
 app.add_typer(models_app, name="models")
-# wide enough for the results table when output goes to a file or CI log
-console = Console(width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True, soft_wrap=True)  # an error stays one line, whatever the terminal width
-
-USER_ERRORS: tuple[type[BaseException], ...] = ()
+# indexes are keyed by corpus hash and shared by every store and checkout (tasks/context.py index_root_for)
+INDEXES_HELP = ("indexes are not kept beside it: they go to $RAGLEDGER_INDEX_DIR (default: indexes/ under $RAGLEDGER_HOME, "
+                "~/.cache/ragledger)")
 
 
-def _user_errors() -> tuple[type[BaseException], ...]:
-    from ragledger.datasets import DatasetError
-    from ragledger.embedded import EmbeddedServerError
-    from ragledger.llm import BackendError
-    from ragledger.locations import LocationError
-    from ragledger.models import ModelFetchError
-    from ragledger.secrets import CredentialsInURL
-    from schemas.records import RecordValidationError
-    from schemas.spec import SpecError
-    from tracking.diskfull import StoreFullError
-    from tracking.mlflow_sync import MlflowLoggingPending
-
-    return (SpecError, DatasetError, BackendError, EmbeddedServerError, ModelFetchError, RecordValidationError,
-            LocationError, CredentialsInURL, StoreFullError, MlflowLoggingPending)
-
-
-def _usage_error(message: str) -> BaseException:
-    from schemas.spec import SpecError
-
-    return SpecError(message)
-
-
-def _fail(message: str, code: int = 2) -> None:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, markup=True)
-    raise typer.Exit(code)
-
-
-def _report(exc: BaseException, user_errors: tuple[type[BaseException], ...]) -> NoReturn:
+def _report(exc: BaseException, errors: tuple[type[BaseException], ...]) -> NoReturn:
     """End a command that failed after it started: the traceback goes to the run log (ragledger.runlog), the
     terminal gets one `error:` line naming the log. Exit 2 for what the user or the machine must fix (their
     errors name the culprit; an OSError names its path: disk full, permission denied), 1 for a defect."""
-    from rich.markup import escape
-
     from ragledger import runlog
     from ragledger.secrets import scrub
 
     log = runlog.write_traceback(exc)
     lines = str(exc).strip().splitlines() or [type(exc).__name__]  # the rest of a long message is in the log
-    if isinstance(exc, user_errors):
+    if isinstance(exc, errors):
         message, code = lines[0], 2
     elif isinstance(exc, OSError):
         message, code = f"{type(exc).__name__}: {lines[0]}", 2
     else:
         message, code = f"unexpected {type(exc).__name__}: {lines[0]} (a defect in ragledger: please report it)", 1
     where = f"; traceback in {runlog.shown(log)}" if log else ""
-    _fail(escape(scrub(message) + where), code)
-    raise AssertionError("unreachable")  # _fail raised typer.Exit
+    fail(scrub(message) + where, code)
 
 
 @contextlib.contextmanager
@@ -129,36 +95,6 @@ def _fmt(v: object) -> str:
     return str(v)
 
 
-def preflight(spec: AnySpec) -> None:
-    """Check every input before anything is written or any model is called (every dataset of a sweep)."""
-    from ragledger.datasets import DatasetError, load_questions
-    from ragledger.paths import resolve_data_path
-    from schemas.spec import SweepSpec
-    from tasks.retrievers import parse_retriever
-
-    for i, experiment in enumerate(spec.expand()):
-        try:
-            load_questions(experiment.dataset.name, experiment.dataset.path)
-        except DatasetError as exc:
-            where = f"dataset[{i}]" if isinstance(spec, SweepSpec) else "dataset"
-            raise DatasetError(f"{where}.path: {exc}") from None
-    if any(parse_retriever(r).needs_corpus for r in spec.retrievers):
-        for p in spec.corpus.paths:
-            if not resolve_data_path(p).is_file():
-                raise DatasetError(f"corpus.paths: {resolve_data_path(p)}: file not found")
-    if spec.model.backend == "openai":
-        from ragledger.llm import api_key_from_env
-
-        api_key_from_env(spec.model.api_key_env)
-    if not spec.tracking.mlflow_uri:  # the URI the run would use instead (the spec's own is checked with the spec)
-        import os
-
-        from ragledger.secrets import refuse_credentials
-
-        refuse_credentials(os.environ.get("MLFLOW_TRACKING_URI"), "MLFLOW_TRACKING_URI", "MLflow reads them from "
-                           "MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD (an MLflow server) or PGPASSWORD (PostgreSQL)")
-
-
 def _import_flows() -> None:
     """The flow modules' imports (Prefect, pandas, pandera: seconds on a cold start), done while Prefect's temporary
     server starts in its own process (ragledger/prefect_server.py `prefect_api`). Nothing heavier is imported before
@@ -186,21 +122,21 @@ def run(
     from ragledger.secrets import mark_secret_env, refuse_credentials
     from schemas.spec import load_spec, with_overrides
 
-    errors = _user_errors()
+    errors = user_errors()
     try:  # every input is checked before anything is written (no .ragledger/ is created on bad input)
         spec = with_overrides(load_spec(spec_path), limit=limit, embedded=embedded, source=str(spec_path))
         preflight(spec)
         if runner not in (None, "thread", "dask"):
-            raise _usage_error(f"--runner: unknown runner {runner!r} (thread, dask)")
+            raise usage_error(f"--runner: unknown runner {runner!r} (thread, dask)")
         if workers is not None and workers <= 0:
-            raise _usage_error("--workers must be a positive integer")
+            raise usage_error("--workers must be a positive integer")
         refuse_credentials(base_url, "--base-url", "put the API key in an environment variable and name it in "
                            "model.api_key_env")
         # and every place the run writes: store, call cache, MLflow, Prefect home, logs, indexes, --json
         check_run_locations(spec, store or spec.tracking.store, "--store" if store else "tracking.store", Path.cwd(),
                             json_out)
     except errors as exc:
-        _fail(str(exc))
+        fail(str(exc))
     runlog.start(Path.cwd(), "run")
     mark_secret_env(spec.model.api_key_env)
     from ragledger.prefect_env import configure_prefect_home
@@ -277,21 +213,22 @@ def _print_summary(summary: dict) -> None:
 @app.command()
 def index(
     spec_path: Annotated[Path | None, typer.Option("--spec", help="build what this spec's retrievers need")] = None,
-    store: Annotated[str | None, typer.Option(help="event store directory; indexes go beside it in indexes/")] = None,
+    store: Annotated[str | None, typer.Option(help=f"event store directory (default: the spec's tracking.store); "
+                                                   f"{INDEXES_HELP}")] = None,
 ) -> None:
     """Build retrieval indexes ahead of time (BM25 and dense; default: over the SQuAD paragraphs)."""
 
     from schemas.spec import ExperimentSpec, load_spec
     from tasks.context import index_root_for, retriever_for
 
-    errors = _user_errors()
+    errors = user_errors()
     try:
         if spec_path is None:
             spec = ExperimentSpec(name="index", retrievers=["bm25@10", "dense@10"], readers=["concatenation"])
         else:
             spec = load_spec(spec_path).expand()[0]  # a sweep's experiments share corpus and retrievers
     except errors as exc:
-        _fail(str(exc))
+        fail(str(exc))
     store_root = store or spec.tracking.store
     names = [r for r in spec.retrievers if _needs_corpus(r)]
     console.print(f"indexes for {', '.join(names) or 'nothing (no retriever needs a corpus)'} under {index_root_for(store_root)}")
@@ -300,7 +237,7 @@ def index(
             for name in names:
                 retriever_for(spec, name, store_root, log=console.print)
         except errors as exc:
-            _fail(str(exc))
+            fail(str(exc))
     console.print("indexes ready")
 
 
@@ -311,19 +248,19 @@ def recall(
     dataset: Annotated[str, typer.Option(help="dataset format")] = "squad",
     path: Annotated[str, typer.Option(help="dataset file")] = "squad/dev-v1.1.json.gz",
     seed: Annotated[int, typer.Option(help="sampling seed")] = 0,
-    store: Annotated[str, typer.Option(help="event store directory; indexes beside it")] = ".ragledger/store",
+    store: Annotated[str, typer.Option(help=f"event store directory; {INDEXES_HELP}")] = ".ragledger/store",
 ) -> None:
     """Retrieval only (no model): Recall@k and gold-paragraph hit rate per retriever over the SQuAD paragraphs."""
     from schemas.spec import parse_spec
     from tasks.retrieval_eval import retrieval_recall
 
-    errors = _user_errors()
+    errors = user_errors()
     try:
         spec = parse_spec({"name": "recall", "dataset": {"name": dataset, "path": path, "limit": limit, "seed": seed},
                            "retrievers": retriever, "readers": ["concatenation"]}, "--retriever/--dataset")
         rows = retrieval_recall(spec, store, log=err.print)
     except (*errors, ValueError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     table = Table(title=f"retrieval only — {rows[0]['questions']:,} {dataset} questions")
     for col in ("retriever", "Recall@k", "gold paragraph hit", "seconds"):
         table.add_column(col, justify="left" if col == "retriever" else "right")
@@ -366,11 +303,11 @@ def eval_predictions(
         questions = load_squad(dataset)
         preds = json.loads(predictions.read_text(encoding="utf-8"))
     except DatasetError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        _fail(f"{predictions}: {exc}")
+        fail(f"{predictions}: {exc}")
     if not isinstance(preds, dict):
-        _fail(f"{predictions}: expected a JSON object mapping question id to answer")
+        fail(f"{predictions}: expected a JSON object mapping question id to answer")
     em = f1 = 0.0
     for q in questions:
         if q.qid not in preds:
@@ -412,7 +349,7 @@ def models_fetch(name: Annotated[str, typer.Argument(help="bundled model name")]
     try:
         console.print(str(ensure_model(name, log=console.print)))
     except ModelFetchError as exc:
-        _fail(str(exc))
+        fail(str(exc))
 
 
 @models_app.command("check")
@@ -429,7 +366,7 @@ def models_check(name: Annotated[str, typer.Argument(help="bundled model name")]
         with embedded_server(name, context_window=512, log=console.print) as url:
             console.print(f"ok: {name} answered a completion at {url} ({time.perf_counter() - started:.1f} s from start)")
     except (EmbeddedServerError, ModelFetchError) as exc:
-        _fail(str(exc), code=1)
+        fail(str(exc), code=1)
 
 
 # analyses over stored records: query, errors, flips, hardest, analyze, trace (ragledger/cli_analysis.py)

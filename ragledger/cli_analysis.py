@@ -7,8 +7,8 @@ Typer app by `register(app)` so ragledger/cli.py stays small.
 from __future__ import annotations
 
 import json
-import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -17,8 +17,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-console = Console(width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True, soft_wrap=True)  # an error stays on one line, whatever the terminal width
+from ragledger.cli_common import console, err, fail
+from tracking.executions import ensemble_rows, experiment_outcomes, resolve_cell
+
 DEFAULT_STORE = ".ragledger/store"
 FORMATS = ("table", "csv", "json", "parquet")
 ERROR_TYPE_HELP = "correct, lucky_guess, retrieval_failure, extraction_error, hallucination_error or abstention"
@@ -28,20 +29,15 @@ FormatOpt = Annotated[str, typer.Option("--format", help="table | csv | json | p
 OutputOpt = Annotated[Path | None, typer.Option("--output", "-o", help="write the result to this file")]
 
 
-def _fail(message: str, code: int = 2) -> None:
-    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
-    raise typer.Exit(code)
-
-
 def emit(df, fmt: str, output: Path | None = None, title: str | None = None, max_width: int = 60) -> None:
     """Print or write a DataFrame in the requested format."""
     import pandas as pd
 
     if fmt not in FORMATS:
-        _fail(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+        fail(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     if fmt == "parquet":
         if output is None:
-            _fail("--format parquet needs --output FILE")
+            fail("--format parquet needs --output FILE")
         df.to_parquet(output, index=False)
         err.print(f"{len(df)} row(s) written to {output}")
         return
@@ -76,35 +72,6 @@ def emit(df, fmt: str, output: Path | None = None, title: str | None = None, max
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
 
 
-def resolve_cell(name: str, cells: list[str]) -> str:
-    """A cell by exact name, or by words that pick exactly one cell ("bm25@5 post_fusion")."""
-    if name in cells:
-        return name
-    words = [w for w in re.split(r"[\s·/]+", name.lower()) if w]
-    hits = [c for c in cells if all(any(w == p.strip().lower() for p in c.split("·")) for w in words)]
-    if not hits:
-        hits = [c for c in cells if all(w in c.lower() for w in words)]
-    if len(hits) == 1:
-        return hits[0]
-    if not hits:
-        raise ValueError(f"no cell matches {name!r}; cells: {', '.join(cells)}")
-    raise ValueError(f"{name!r} matches {len(hits)} cells: {', '.join(hits)}")
-
-
-def experiment_outcomes(store: str, experiment: str):
-    """The latest execution's outcomes plus the experiment's stored EoR cells (each (cell, qid) once)."""
-    import pandas as pd
-
-    from tracking.events import EventStore
-    from tracking.executions import latest_execution, load_outcomes
-
-    df = load_outcomes(store, experiment, latest_execution(store, experiment))
-    every = EventStore(store).read("outcomes", experiment)
-    eor = every[every["retriever"].astype(str).str.startswith("eor(")] if not every.empty else every
-    df = pd.concat([df[~df["retriever"].astype(str).str.startswith("eor(")], eor], ignore_index=True)
-    return df.sort_values("created_at").drop_duplicates(["cell", "qid"], keep="last").reset_index(drop=True)
-
-
 def _questions(store: str, experiment: str):
     from tracking.events import EventStore
 
@@ -112,185 +79,199 @@ def _questions(store: str, experiment: str):
     return q.sort_values("created_at").drop_duplicates("qid", keep="last").set_index("qid")
 
 
-def register(app: typer.Typer) -> None:
-    @app.command("query")
-    def query_cmd(
-        sql: Annotated[str, typer.Argument(help="SQL over the views questions, retrievals, generations, votes, outcomes")],
-        store: StoreOpt = DEFAULT_STORE,
-        fmt: FormatOpt = "table",
-        output: OutputOpt = None,
-        experiment: Annotated[str | None, typer.Option(help="only this experiment's segments")] = None,
-    ) -> None:
-        """Run SQL (DuckDB) over the event store's views."""
-        import duckdb
+def query_cmd(
+    sql: Annotated[str, typer.Argument(help="SQL over the views questions, retrievals, generations, votes, outcomes")],
+    store: StoreOpt = DEFAULT_STORE,
+    fmt: FormatOpt = "table",
+    output: OutputOpt = None,
+    experiment: Annotated[str | None, typer.Option(help="only this experiment's segments")] = None,
+) -> None:
+    """Run SQL (DuckDB) over the event store's views."""
+    import duckdb
 
-        from tracking.query import query
+    from tracking.query import query
 
-        if not Path(store).is_dir():
-            _fail(f"--store {store}: no such directory")
+    if not Path(store).is_dir():
+        fail(f"--store {store}: no such directory")
+    try:
+        df = query(store, sql, experiment)
+    except duckdb.Error as exc:
+        fail(f"SQL: {str(exc).splitlines()[0]}")
+    emit(df, fmt, output)
+
+
+def errors_cmd(
+    experiment: Annotated[str, typer.Argument(help="experiment name")],
+    store: StoreOpt = DEFAULT_STORE,
+    cell: Annotated[str | None, typer.Option(help="only this cell (exact name or words naming one cell)")] = None,
+    error_type: Annotated[str | None, typer.Option("--error-type", help=ERROR_TYPE_HELP)] = None,
+    include_correct: Annotated[bool, typer.Option(help="also list correct answers")] = False,
+    fmt: FormatOpt = "table",
+    output: OutputOpt = None,
+) -> None:
+    """Per-example error breakdown of an experiment's latest execution (seed 002's error types)."""
+    from schemas.records import ERROR_TYPES
+    from tracking.analysis import AnalysisError
+
+    if error_type is not None and error_type not in ERROR_TYPES:
+        fail(f"--error-type must be one of {', '.join(ERROR_TYPES)}, got {error_type!r}")
+    try:
+        df = experiment_outcomes(store, experiment)
+        if cell:
+            df = df[df["cell"] == resolve_cell(cell, sorted(df["cell"].unique()))]
+    except (AnalysisError, ValueError) as exc:
+        fail(str(exc))
+    if error_type:
+        df = df[df["error_type"] == error_type]
+    elif not include_correct:
+        df = df[df["error_type"] != "correct"]
+    q = _questions(store, experiment)
+    out = df[["qid", "cell", "error_type", "prediction", "em", "f1", "gold_in_context"]].copy()
+    out["gold"] = [" | ".join(q.at[x, "answers"]) if x in q.index else "" for x in out["qid"]]
+    out["question"] = [q.at[x, "question"] if x in q.index else "" for x in out["qid"]]
+    out = out.sort_values(["qid", "cell"]).reset_index(drop=True)
+    emit(out, fmt, output, title=f"{experiment}: per-example errors")
+    if fmt == "table":
+        counts = df["error_type"].value_counts()
+        console.print("  ".join(f"{k}: {v}" for k, v in counts.items()) or "no rows")
+
+
+def flips_cmd(
+    cell_a: Annotated[str, typer.Argument(help="cell A (exact name or words naming one cell)")],
+    cell_b: Annotated[str, typer.Argument(help="cell B")],
+    experiment: Annotated[str | None, typer.Option(help="experiment (default: the one holding both cells)")] = None,
+    store: StoreOpt = DEFAULT_STORE,
+    fmt: FormatOpt = "table",
+    output: OutputOpt = None,
+) -> None:
+    """Paired comparison of two cells: flip table, exact McNemar p, paired-bootstrap CI of ΔEM, flipped questions."""
+    from tracking.analysis import AnalysisError
+    from tracking.stats import compare_cells, flipped_questions
+
+    exps = [experiment] if experiment else sorted(p.name for p in (Path(store) / "outcomes").glob("*") if p.is_dir())
+    found = []
+    for e in exps:
         try:
-            df = query(store, sql, experiment)
-        except duckdb.Error as exc:
-            _fail(f"SQL: {str(exc).splitlines()[0]}")
-        emit(df, fmt, output)
-
-    @app.command("errors")
-    def errors_cmd(
-        experiment: Annotated[str, typer.Argument(help="experiment name")],
-        store: StoreOpt = DEFAULT_STORE,
-        cell: Annotated[str | None, typer.Option(help="only this cell (exact name or words naming one cell)")] = None,
-        error_type: Annotated[str | None, typer.Option("--error-type", help=ERROR_TYPE_HELP)] = None,
-        include_correct: Annotated[bool, typer.Option(help="also list correct answers")] = False,
-        fmt: FormatOpt = "table",
-        output: OutputOpt = None,
-    ) -> None:
-        """Per-example error breakdown of an experiment's latest execution (seed 002's error types)."""
-        from schemas.records import ERROR_TYPES
-        from tracking.analysis import AnalysisError
-
-        if error_type is not None and error_type not in ERROR_TYPES:
-            _fail(f"--error-type must be one of {', '.join(ERROR_TYPES)}, got {error_type!r}")
-        try:
-            df = experiment_outcomes(store, experiment)
-            if cell:
-                df = df[df["cell"] == resolve_cell(cell, sorted(df["cell"].unique()))]
+            df = experiment_outcomes(store, e)
+            cells = sorted(df["cell"].unique())
+            found.append((e, df, resolve_cell(cell_a, cells), resolve_cell(cell_b, cells)))
         except (AnalysisError, ValueError) as exc:
-            _fail(str(exc))
-        if error_type:
-            df = df[df["error_type"] == error_type]
-        elif not include_correct:
-            df = df[df["error_type"] != "correct"]
-        q = _questions(store, experiment)
-        out = df[["qid", "cell", "error_type", "prediction", "em", "f1", "gold_in_context"]].copy()
-        out["gold"] = [" | ".join(q.at[x, "answers"]) if x in q.index else "" for x in out["qid"]]
-        out["question"] = [q.at[x, "question"] if x in q.index else "" for x in out["qid"]]
-        out = out.sort_values(["qid", "cell"]).reset_index(drop=True)
-        emit(out, fmt, output, title=f"{experiment}: per-example errors")
-        if fmt == "table":
-            counts = df["error_type"].value_counts()
-            console.print("  ".join(f"{k}: {v}" for k, v in counts.items()) or "no rows")
+            if experiment:
+                fail(str(exc))
+    if not found:
+        fail(f"no experiment in {store} holds both {cell_a!r} and {cell_b!r}")
+    if len(found) > 1:
+        fail(f"both cells exist in experiments {', '.join(f[0] for f in found)}; pick one with --experiment")
+    e, df, a, b = found[0]
+    if a == b:
+        fail(f"{cell_a!r} and {cell_b!r} name the same cell {a!r}")
+    try:
+        r = compare_cells(df, a, b)
+    except AnalysisError as exc:
+        fail(str(exc))
+    console.print(f"[bold]{escape(e)}[/]: A = {escape(a)}   B = {escape(b)}   ({r.questions} shared questions)")
+    t = Table(show_header=True)
+    for c in ("", "B right", "B wrong"):
+        t.add_column(c, justify="right")
+    t.add_row("A right", str(r.both_right), f"{r.won} (A won)")
+    t.add_row("A wrong", f"{r.lost} (A lost)", str(r.both_wrong))
+    console.print(t)
+    console.print(f"EM A {100 * r.em_a:.1f}  EM B {100 * r.em_b:.1f}  ΔEM {100 * r.diff:+.1f} "
+                  f"[95% paired bootstrap CI {100 * r.diff_lo:+.1f}, {100 * r.diff_hi:+.1f}]  "
+                  f"exact McNemar p = {r.mcnemar_p:.4g}")
+    flips = flipped_questions(df, a, b)
+    if len(flips):
+        emit(flips, fmt, output, title="flipped questions")
 
-    @app.command("flips")
-    def flips_cmd(
-        cell_a: Annotated[str, typer.Argument(help="cell A (exact name or words naming one cell)")],
-        cell_b: Annotated[str, typer.Argument(help="cell B")],
-        experiment: Annotated[str | None, typer.Option(help="experiment (default: the one holding both cells)")] = None,
-        store: StoreOpt = DEFAULT_STORE,
-        fmt: FormatOpt = "table",
-        output: OutputOpt = None,
-    ) -> None:
-        """Paired comparison of two cells: flip table, exact McNemar p, paired-bootstrap CI of ΔEM, flipped questions."""
-        from tracking.analysis import AnalysisError
-        from tracking.stats import compare_cells, flipped_questions
 
-        exps = [experiment] if experiment else sorted(p.name for p in (Path(store) / "outcomes").glob("*") if p.is_dir())
-        found = []
-        for e in exps:
-            try:
-                df = experiment_outcomes(store, e)
-                cells = sorted(df["cell"].unique())
-                found.append((e, df, resolve_cell(cell_a, cells), resolve_cell(cell_b, cells)))
-            except (AnalysisError, ValueError) as exc:
-                if experiment:
-                    _fail(str(exc))
-        if not found:
-            _fail(f"no experiment in {store} holds both {cell_a!r} and {cell_b!r}")
-        if len(found) > 1:
-            _fail(f"both cells exist in experiments {', '.join(f[0] for f in found)}; pick one with --experiment")
-        e, df, a, b = found[0]
-        if a == b:
-            _fail(f"{cell_a!r} and {cell_b!r} name the same cell {a!r}")
-        try:
-            r = compare_cells(df, a, b)
-        except AnalysisError as exc:
-            _fail(str(exc))
-        console.print(f"[bold]{escape(e)}[/]: A = {escape(a)}   B = {escape(b)}   ({r.questions} shared questions)")
-        t = Table(show_header=True)
-        for c in ("", "B right", "B wrong"):
-            t.add_column(c, justify="right")
-        t.add_row("A right", str(r.both_right), f"{r.won} (A won)")
-        t.add_row("A wrong", f"{r.lost} (A lost)", str(r.both_wrong))
-        console.print(t)
-        console.print(f"EM A {100 * r.em_a:.1f}  EM B {100 * r.em_b:.1f}  ΔEM {100 * r.diff:+.1f} "
-                      f"[95% paired bootstrap CI {100 * r.diff_lo:+.1f}, {100 * r.diff_hi:+.1f}]  "
-                      f"exact McNemar p = {r.mcnemar_p:.4g}")
-        flips = flipped_questions(df, a, b)
-        if len(flips):
-            emit(flips, fmt, output, title="flipped questions")
+def hardest_cmd(
+    experiment: Annotated[str, typer.Argument(help="experiment name")],
+    store: StoreOpt = DEFAULT_STORE,
+    fmt: FormatOpt = "table",
+    output: OutputOpt = None,
+) -> None:
+    """Questions every cell of the latest execution gets wrong (EM), with each cell's error type."""
+    from tracking.analysis import AnalysisError
 
-    @app.command("hardest")
-    def hardest_cmd(
-        experiment: Annotated[str, typer.Argument(help="experiment name")],
-        store: StoreOpt = DEFAULT_STORE,
-        fmt: FormatOpt = "table",
-        output: OutputOpt = None,
-    ) -> None:
-        """Questions every cell of the latest execution gets wrong (EM), with each cell's error type."""
-        from tracking.analysis import AnalysisError
+    try:
+        df = experiment_outcomes(store, experiment)
+    except AnalysisError as exc:
+        fail(str(exc))
+    # EoR cells answer held-out questions only and choose among their members' answers: leave them out
+    df = df[~ensemble_rows(df)]
+    n_cells = df["cell"].nunique()
+    per_q = df.groupby("qid").agg(cells=("cell", "nunique"), right=("em", lambda s: int((s >= 1).sum())))
+    hard = per_q[(per_q["right"] == 0) & (per_q["cells"] == n_cells)].index
+    q = _questions(store, experiment)
+    sub = df[df["qid"].isin(hard)]
+    types = sub.groupby("qid")["error_type"].agg(lambda s: ", ".join(f"{k}×{v}" for k, v in s.value_counts().items()))
+    out = types.rename("error_types").reset_index()
+    out.insert(1, "question", [q.at[x, "question"] if x in q.index else "" for x in out["qid"]])
+    out.insert(2, "gold", [" | ".join(q.at[x, "answers"]) if x in q.index else "" for x in out["qid"]])
+    emit(out, fmt, output, title=f"{experiment}: {len(out)} of {len(per_q)} questions failed by all {n_cells} cells")
 
-        try:
-            df = experiment_outcomes(store, experiment)
-        except AnalysisError as exc:
-            _fail(str(exc))
-        # EoR cells answer held-out questions only and choose among their members' answers: leave them out
-        df = df[~df["retriever"].astype(str).str.startswith("eor(")]
-        n_cells = df["cell"].nunique()
-        per_q = df.groupby("qid").agg(cells=("cell", "nunique"), right=("em", lambda s: int((s >= 1).sum())))
-        hard = per_q[(per_q["right"] == 0) & (per_q["cells"] == n_cells)].index
-        q = _questions(store, experiment)
-        sub = df[df["qid"].isin(hard)]
-        types = sub.groupby("qid")["error_type"].agg(lambda s: ", ".join(f"{k}×{v}" for k, v in s.value_counts().items()))
-        out = types.rename("error_types").reset_index()
-        out.insert(1, "question", [q.at[x, "question"] if x in q.index else "" for x in out["qid"]])
-        out.insert(2, "gold", [" | ".join(q.at[x, "answers"]) if x in q.index else "" for x in out["qid"]])
-        emit(out, fmt, output, title=f"{experiment}: {len(out)} of {len(per_q)} questions failed by all {n_cells} cells")
 
-    @app.command("analyze")
-    def analyze_cmd(
-        experiment: Annotated[str, typer.Argument(help="experiment name")],
-        store: StoreOpt = DEFAULT_STORE,
-        out: Annotated[Path | None, typer.Option(help="also keep the files here (default <store>/analysis/<experiment>)")] = None,
-        eor: Annotated[bool, typer.Option(help="fit and evaluate EoR (seed 002) over the retriever-cells")] = True,
-        mlflow: Annotated[bool, typer.Option(help="log to the MLflow parent run of the latest execution")] = True,
-        metric: Annotated[str, typer.Option(help="correctness for RWR/MRLR: em, or semantic (the BEM stand-in)")] = "em",
-        eor_train: Annotated[str | None, typer.Option(help="fit EoR on this experiment's outcomes (default: a hashed-qid "
-                                                           "split of this experiment's questions)")] = None,
-        eor_pooling: Annotated[str, typer.Option("--eor-pooling", help="EoR pooling: mean (seed 002's), max, majority, "
-                                                 "plurality, or search (the best of the four on training accuracy)")] = "mean",
-    ) -> None:
-        """Run the analysis flow: RWR/MRLR, error decomposition, statistics, EoR; plots + tables + report to MLflow."""
-        from ragledger.prefect_env import configure_prefect_home
+def analyze_cmd(
+    experiment: Annotated[str, typer.Argument(help="experiment name")],
+    store: StoreOpt = DEFAULT_STORE,
+    out: Annotated[Path | None, typer.Option(help="also keep the files here (default <store>/analysis/<experiment>)")] = None,
+    eor: Annotated[bool, typer.Option(help="fit and evaluate EoR (seed 002) over the retriever-cells")] = True,
+    mlflow: Annotated[bool, typer.Option(help="log to the MLflow parent run of the latest execution")] = True,
+    metric: Annotated[str, typer.Option(help="correctness for RWR/MRLR: em, or semantic (the BEM stand-in)")] = "em",
+    eor_train: Annotated[str | None, typer.Option(help="fit EoR on this experiment's outcomes (default: a hashed-qid "
+                                                       "split of this experiment's questions)")] = None,
+    eor_pooling: Annotated[str, typer.Option("--eor-pooling", help="EoR pooling: mean (seed 002's), max, majority, "
+                                             "plurality, or search (the best of the four on training accuracy)")] = "mean",
+) -> None:
+    """Run the analysis flow: RWR/MRLR, error decomposition, statistics, EoR; plots + tables + report to MLflow."""
+    from ragledger.prefect_env import configure_prefect_home
 
-        configure_prefect_home(Path.cwd())
-        from flows.analyze import analyze_flow
-        from tracking.analysis import AnalysisError
-        from tracking.eor import POOLING_CHOICES
+    configure_prefect_home(Path.cwd())
+    from flows.analyze import analyze_flow
+    from tracking.analysis import AnalysisError
+    from tracking.eor import POOLING_CHOICES
 
-        if eor_pooling not in POOLING_CHOICES:
-            _fail(f"--eor-pooling must be one of {', '.join(POOLING_CHOICES)}, got {eor_pooling!r}")
-        if not Path(store).is_dir():
-            _fail(f"--store {store}: no such directory")
-        try:
-            r = analyze_flow(store, experiment, str(out) if out else None, metric, eor, mlflow, eor_train, eor_pooling)
-        except AnalysisError as exc:
-            _fail(str(exc))
-        print_analysis(r)
+    if eor_pooling not in POOLING_CHOICES:
+        fail(f"--eor-pooling must be one of {', '.join(POOLING_CHOICES)}, got {eor_pooling!r}")
+    if not Path(store).is_dir():
+        fail(f"--store {store}: no such directory")
+    try:
+        r = analyze_flow(store, experiment, str(out) if out else None, metric, eor, mlflow, eor_train, eor_pooling)
+    except AnalysisError as exc:
+        fail(str(exc))
+    print_analysis(r)
 
-    @app.command("trace")
-    def trace_cmd(
-        experiment: Annotated[str, typer.Argument(help="experiment name")],
-        qid: Annotated[str, typer.Argument(help="question id")],
-        store: StoreOpt = DEFAULT_STORE,
-        cell: Annotated[str | None, typer.Option(help="only this cell")] = None,
-        max_chars: Annotated[int, typer.Option(help="truncate prompts and passages to this many characters (0: no limit)")] = 0,
-    ) -> None:
-        """Lineage of one question: passages, every generation (role, prompt, raw output), the vote, the outcome."""
-        from ragledger.trace import TraceError, render_trace
 
-        try:
-            render_trace(console, store, experiment, qid, cell, max_chars)
-        except TraceError as exc:
-            _fail(str(exc))
+def trace_cmd(
+    experiment: Annotated[str, typer.Argument(help="experiment name")],
+    qid: Annotated[str, typer.Argument(help="question id")],
+    store: StoreOpt = DEFAULT_STORE,
+    cell: Annotated[str | None, typer.Option(help="only this cell")] = None,
+    max_chars: Annotated[int, typer.Option(help="truncate prompts and passages to this many characters (0: no limit)")] = 0,
+) -> None:
+    """Lineage of one question: passages, every generation (role, prompt, raw output), the vote, the outcome."""
+    from ragledger.trace import TraceError, render_trace
+
+    try:
+        render_trace(console, store, experiment, qid, cell, max_chars)
+    except TraceError as exc:
+        fail(str(exc))
+
+
+# every command over stored records: (name, function); `register` adds them to the main app
+COMMANDS: list[tuple[str, Callable[..., None]]] = [
+    ("query", query_cmd),
+    ("errors", errors_cmd),
+    ("flips", flips_cmd),
+    ("hardest", hardest_cmd),
+    ("analyze", analyze_cmd),
+    ("trace", trace_cmd),
+]
+
+
+def register(app: typer.Typer) -> None:
+    for name, command in COMMANDS:
+        app.command(name)(command)
 
 
 def print_analysis(r: dict) -> None:

@@ -10,16 +10,12 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from ragledger.cli_common import console, fail, preflight, usage_error, user_errors
+
 server_app = typer.Typer(help="The long-running local Prefect server (schedules, flow-run history, Prefect UI).",
                          no_args_is_help=True)
 
 EXPERIMENT_FLOWS = ["ragledger-experiment", "ragledger-sweep", "ragledger-scheduled"]
-
-
-def _cli():
-    from ragledger import cli
-
-    return cli
 
 
 @server_app.command("start")
@@ -32,8 +28,8 @@ def server_start(port: Annotated[int, typer.Option(help="port on 127.0.0.1")] = 
     try:
         url, started = start_persistent_server(port)
     except PrefectServerError as exc:
-        _cli()._fail(str(exc))
-    _cli().console.print(f"Prefect server {'started' if started else 'already running'}: {url} "
+        fail(str(exc))
+    console.print(f"Prefect server {'started' if started else 'already running'}: {url} "
                          f"(UI at {url.removesuffix('/api')}; stop with `ragledger server stop`)")
 
 
@@ -44,7 +40,7 @@ def server_stop() -> None:
     from ragledger.prefect_server import stop_persistent_server
 
     configure_prefect_home(Path.cwd())
-    _cli().console.print("Prefect server stopped" if stop_persistent_server() else "no ragledger Prefect server was running")
+    console.print("Prefect server stopped" if stop_persistent_server() else "no ragledger Prefect server was running")
 
 
 @server_app.command("status")
@@ -55,7 +51,7 @@ def server_status() -> None:
 
     configure_prefect_home(Path.cwd())
     url = os.environ.get("PREFECT_API_URL") or persistent_server_url()
-    _cli().console.print(f"Prefect API: {url}" if url else "no Prefect server running (each `ragledger run` starts a "
+    console.print(f"Prefect API: {url}" if url else "no Prefect server running (each `ragledger run` starts a "
                          "temporary one); start one with `ragledger server start`")
     raise typer.Exit(0 if url else 1)
 
@@ -74,32 +70,31 @@ def schedule(
     The spec is read now and frozen into the deployment's parameters; relative store and MLflow paths are
     made absolute, so the scheduled runs write where `ragledger run` here would.
     """
-    cli = _cli()
     from schemas.spec import load_spec
 
-    errors = cli._user_errors()
+    errors = user_errors()
     try:
         spec = load_spec(spec_path)
-        cli.preflight(spec)
+        preflight(spec)
         if (cron is None) == (interval is None):
-            raise cli._usage_error("give exactly one of --cron or --interval")
+            raise usage_error("give exactly one of --cron or --interval")
         if interval is not None and interval <= 0:
-            raise cli._usage_error("--interval must be a positive number of seconds")
+            raise usage_error("--interval must be a positive number of seconds")
         if cron is not None:
             from prefect._internal.schemas.validators import validate_cron_string
 
             try:
                 validate_cron_string(cron)
             except ValueError as exc:
-                raise cli._usage_error(f"--cron: {exc}") from None
+                raise usage_error(f"--cron: {exc}") from None
         if runner not in (None, "thread", "dask"):
-            raise cli._usage_error(f"--runner: unknown runner {runner!r} (thread, dask)")
+            raise usage_error(f"--runner: unknown runner {runner!r} (thread, dask)")
         from ragledger.locations import check_run_locations
 
         # the scheduled runs write where `ragledger run` here would: checked now, not at the first run
         check_run_locations(spec, store or spec.tracking.store, "--store" if store else "tracking.store", Path.cwd())
     except errors as exc:
-        cli._fail(str(exc))
+        fail(str(exc))
     from ragledger.prefect_env import configure_prefect_home
     from ragledger.prefect_server import PrefectServerError, start_persistent_server
 
@@ -107,7 +102,7 @@ def schedule(
     try:
         url = os.environ.get("PREFECT_API_URL") or start_persistent_server()[0]
     except PrefectServerError as exc:
-        cli._fail(str(exc))
+        fail(str(exc))
     os.environ["PREFECT_API_URL"] = url
     from flows.experiment import scheduled_experiment
     from tracking.mlflow_log import resolve_tracking_uri
@@ -116,7 +111,7 @@ def schedule(
               "tracking_uri": resolve_tracking_uri(spec.tracking.mlflow_uri), "runner": runner, "workers": workers}
     deployment = name or spec.name
     when = f"cron {cron!r}" if cron else f"every {interval:g} s"
-    cli.console.print(f"serving deployment [cyan]ragledger-scheduled/{deployment}[/] ({when}) on {url}; "
+    console.print(f"serving deployment [cyan]ragledger-scheduled/{deployment}[/] ({when}) on {url}; "
                       "Ctrl-C stops the schedule; `ragledger runs` lists its runs")
     scheduled_experiment.serve(name=deployment, cron=cron, interval=interval, parameters=params,
                                tags=["ragledger", spec.name], print_starting_message=False,
@@ -128,7 +123,6 @@ def runs(
     experiment: Annotated[str | None, typer.Option(help="only this experiment (spec name)")] = None,
 ) -> None:
     """Recent experiment flow runs (manual and scheduled) with their state and MLflow parent run id."""
-    cli = _cli()
     from ragledger.prefect_env import configure_prefect_home
     from ragledger.prefect_server import PrefectServerError, prefect_api
 
@@ -137,15 +131,15 @@ def runs(
         with prefect_api() as url:
             rows = _flow_runs(limit, experiment)
     except PrefectServerError as exc:
-        cli._fail(str(exc))
+        fail(str(exc))
     table = Table(title=f"flow runs on {url}")
     for col in ("flow run", "flow", "state", "started (UTC)", "seconds", "experiment", "MLflow parent run"):
         table.add_column(col, no_wrap=True)
     for r in rows:
         table.add_row(*(str(r[k]) for k in ("name", "flow", "state", "started", "seconds", "experiment", "mlflow_run")))
-    cli.console.print(table)
+    console.print(table)
     if not rows:
-        cli.console.print("no experiment flow runs recorded in this Prefect database yet")
+        console.print("no experiment flow runs recorded in this Prefect database yet")
 
 
 def _flow_runs(limit: int, experiment: str | None) -> list[dict[str, Any]]:
@@ -209,24 +203,21 @@ def sync(
                                                  "runs at the URI: rebuild a lost or new MLflow database")] = False,
 ) -> None:
     """Log to MLflow the executions whose MLflow logging is pending (MLflow was down), each exactly once."""
-    cli = _cli()
-    from rich.markup import escape
-
     from tracking import mlflow_sync
 
     if not Path(store).is_dir():
-        cli._fail(f"--store: {Path(store).resolve()}: no event store there")
+        fail(f"--store: {Path(store).resolve()}: no event store there")
     before = len(mlflow_sync.pending_markers(store))
-    result = mlflow_sync.sync(store, tracking_uri, everything=all_executions, log=lambda e: cli.console.print(
+    result = mlflow_sync.sync(store, tracking_uri, everything=all_executions, log=lambda e: console.print(
         f"logged {e['experiment']} execution {e['execution']} to MLflow {e['tracking_uri']}: parent run {e['parent']}, "
         f"{len(e['cells'])} cell run(s)", highlight=False))
-    cli.console.print(f"{len(result.logged)} execution(s) logged to MLflow; {len(result.pending)} still pending "
+    console.print(f"{len(result.logged)} execution(s) logged to MLflow; {len(result.pending)} still pending "
                       f"(of {before} pending before)" + (f"; {len(result.skipped)} already logged or being logged by "
                                                          "another process" if result.skipped else ""))
     if result.pending:
         first = result.pending[0]
         error = mlflow_sync.pending_error(first["tracking_uri"], store, ConnectionError(first["error"]), len(result.pending))
-        cli._fail(escape(str(error)))
+        fail(str(error))
 
 
 def register(app: typer.Typer) -> None:

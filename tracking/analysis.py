@@ -16,9 +16,13 @@ model differences as retriever inconsistency. Conventions for empty sets (no NaN
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from ragledger.cell import Cell
 
 CORRECTNESS = ("em", "semantic")
 ERROR_INDICATORS = ("RE", "LG", "RF", "EE", "HE", "abstain", "HE_literal")
@@ -281,8 +285,11 @@ def cell_keys(outcomes: pd.DataFrame) -> pd.DataFrame:
         return keys.rename(columns={"strategy": "reader"})
     rows = {}
     for c in outcomes["cell"].astype(str).unique():
-        parts = [p.strip() for p in c.split("·")]
-        rows[c] = parts if len(parts) == 3 else [c, "", ""]
+        try:
+            cell = Cell.parse(c)
+            rows[c] = [cell.retriever, cell.reader, cell.model]
+        except ValueError:
+            rows[c] = [c, "", ""]
     return pd.DataFrame.from_dict(rows, orient="index", columns=["retriever", "reader", "model"]).rename_axis("cell")
 
 
@@ -329,3 +336,26 @@ def inconsistency_by_group(correct: np.ndarray, cells: list[str], keys: pd.DataF
         out.append(RetrieverGroup(str(reader), str(model), names, [str(keys.at[c, "retriever"]) for c in names], table,
                                   matrix if len(names) >= 2 else None))
     return out
+
+
+@dataclass
+class AnalysisResult:
+    """Every table of an experiment's analysis (flows/analyze.py `compute`), as the report and the CLI show it."""
+
+    experiment: str
+    questions: int
+    cells: list[str]  # grouped by (reader, model), by accuracy within a group
+    inconsistency: pd.DataFrame  # one row per cell, with its group's reader and model
+    groups: list[RetrieverGroup]  # the per-(reader, model) RWR tables
+    decomposition: pd.DataFrame
+    shares: pd.DataFrame
+    identity: pd.DataFrame
+    paired: pd.DataFrame
+    eor: dict[str, Any] = field(default_factory=dict)
+    eor_results: dict[str, AnalysisResult] = field(default_factory=dict)
+    pngs: dict[str, bytes] = field(default_factory=dict)
+    files: list[Path] = field(default_factory=list)
+    parent_run_id: str | None = None
+    tracking_uri: str | None = None
+    dropped_questions: int = 0
+    metric: str = "em"

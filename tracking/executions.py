@@ -5,10 +5,12 @@ the latest one. Kept free of Prefect imports so the query commands start fast.""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
 
+from ragledger.cell import SEPARATOR, is_ensemble_retriever
 from tracking.analysis import AnalysisError
 from tracking.events import EventStore
 
@@ -48,3 +50,34 @@ def load_outcomes(store_root: str | Path, experiment: str, execution: dict | Non
         where = Path(store_root) / "outcomes" / experiment
         raise AnalysisError(f"experiment {experiment!r}: no outcome records under {where}")
     return df
+
+
+def experiment_outcomes(store_root: str | Path, experiment: str) -> pd.DataFrame:
+    """The latest execution's outcomes plus the experiment's stored EoR cells (each (cell, qid) once)."""
+    df = load_outcomes(store_root, experiment, latest_execution(store_root, experiment))
+    every = EventStore(store_root).read("outcomes", experiment)
+    eor = every[ensemble_rows(every)] if not every.empty else every
+    df = pd.concat([df[~ensemble_rows(df)], eor], ignore_index=True)
+    return df.sort_values("created_at").drop_duplicates(["cell", "qid"], keep="last").reset_index(drop=True)
+
+
+def ensemble_rows(outcomes: pd.DataFrame) -> pd.Series:
+    """Which records belong to an EoR cell (ragledger.cell: an `eor(...)` retriever)."""
+    return outcomes["retriever"].astype(str).map(is_ensemble_retriever).astype(bool)
+
+
+def resolve_cell(name: str, cells: list[str]) -> str:
+    """A cell by exact name, or by words that pick exactly one cell ("bm25@5 post_fusion"): first words that each
+    equal one part of the name, then words that each occur in it. ValueError naming the candidates otherwise."""
+    if name in cells:
+        return name
+    words = [w for w in re.split(r"[\s·/]+", name.lower()) if w]
+    sep = SEPARATOR.strip()
+    hits = [c for c in cells if all(any(w == p.strip().lower() for p in c.split(sep)) for w in words)]
+    if not hits:
+        hits = [c for c in cells if all(w in c.lower() for w in words)]
+    if len(hits) == 1:
+        return hits[0]
+    if not hits:
+        raise ValueError(f"no cell matches {name!r}; cells: {', '.join(cells)}")
+    raise ValueError(f"{name!r} matches {len(hits)} cells: {', '.join(hits)}")

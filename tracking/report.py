@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from ragledger.answers import gold_spans
+from tracking.lineage import cell_chain, chain_records, passage_has_gold
 
 if TYPE_CHECKING:
-    from flows.analyze import AnalysisResult
+    from tracking.analysis import AnalysisResult
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1400px}
@@ -138,61 +139,47 @@ def anchor(qid: str) -> str:
     return "q-" + re.sub(r"\s", "_", qid)
 
 
-def _chain_records(store_root: str | Path, experiment: str, qids: list[str]) -> dict[str, pd.DataFrame]:
-    """Retrievals, generations and votes of the given questions, from the latest execution's segments
-    (every segment of the experiment when there is no run manifest)."""
-    from tracking.executions import latest_execution
-    from tracking.query import records_for
-
-    segs = (latest_execution(store_root, experiment) or {}).get("segments", {})
-    out = {}
-    for kind in ("retrievals", "generations", "votes"):
-        paths = sorted({p for cell in segs.values() for p in cell.get(kind, []) if Path(p).exists()}) if segs else None
-        out[kind] = records_for(store_root, kind, qids, experiment, paths)
-    return out
-
-
 def _cell_chain(o: Any, golds: list[str], rec: dict[str, pd.DataFrame]) -> str:
-    retriever, strategy = str(o.retriever), str(o.strategy)
+    chain = cell_chain(o, rec)
     parts = [f'<section class="cell" data-cell="{_e(o.cell)}"><h4>{_e(o.cell)}</h4>']
-    if retriever.startswith("eor("):
+    if chain.is_ensemble:
         parts.append("<p>EoR cell: the answer was chosen among its member cells' answers (see eor.json).</p>")
     else:
-        r = rec["retrievals"]
-        r = r[(r["qid"] == o.qid) & (r["retriever"] == retriever)].drop_duplicates("rank").sort_values("rank")
-        if r.empty:
-            parts.append('<p class="closed">no passages (closed book)</p>')
-        else:
-            items = []
-            for p in r.itertuples():
-                hit = any(g.strip() and g.lower() in str(p.text).lower() for g in golds)
-                score = "" if p.score is None or pd.isna(p.score) else f" · score {float(p.score):.3g}"
-                items.append(f'<li class="passage{" has-gold" if hit else ""}"><b>{_e(p.pid)}</b> {_e(p.title)}{score}'
-                             f'{" · <b>contains a gold answer</b>" if hit else ""}<br>{highlight_html(str(p.text), golds)}</li>')
-            parts.append(f'<ol class="passages">{"".join(items)}</ol>')
-        g = rec["generations"]
-        g = g[(g["qid"] == o.qid) & (g["retriever"] == retriever) & (g["strategy"] == strategy)]
-        for gen in g.drop_duplicates("call_id").sort_values(["round", "call_index", "sample_index"]).itertuples():
-            prompt = (f"[system] {gen.system_prompt}\n\n" if str(gen.system_prompt) else "") + str(gen.prompt)
-            parts.append(
-                f'<div class="gen" data-role="{_e(gen.role)}">generation · round {gen.round} · role '
-                f'<span class="role">{_e(gen.role)}</span> · call {gen.call_index} · sample {gen.sample_index} · '
-                f"{_e(gen.model)} · {'cache' if gen.from_cache else 'model'} · {gen.tokens_in}→{gen.tokens_out} tokens"
-                f'<details class="prompt"><summary>prompt</summary><pre>{_e(_cut(prompt, MAX_PROMPT_CHARS))}</pre></details>'
-                f'raw output:<pre class="raw">{_e(gen.output)}</pre>'
-                f"parsed: {_e(gen.parsed_answer)} ({_e(gen.parse_status)})</div>")
-        v = rec["votes"]
-        v = v[(v["qid"] == o.qid) & (v["retriever"] == retriever) & (v["strategy"] == strategy)]
-        for vote in v.drop_duplicates("event_id").itertuples():
-            cands = [str(x) for x in vote.candidates]
-            scores = [round(float(x), 4) for x in vote.scores] if vote.scores is not None else []
-            parts.append(f'<p class="vote">vote <b>{_e(vote.method)}</b>: candidates {_e(json.dumps(cands, ensure_ascii=False))} '
-                         f"scores {_e(scores)} → <b>{_e(vote.chosen)}</b></p>")
-    ok = float(o.em) >= 1.0
+        parts += [_passages(chain.passages, golds), *map(_generation, chain.generations.itertuples()),
+                  *map(_vote, chain.votes.itertuples())]
     parts.append(f'<p class="outcome">outcome: prediction <b>{_e(repr(str(o.prediction)))}</b> · EM {o.em:.0f} · F1 {o.f1:.2f}'
                  f" · gold in context {bool(o.gold_in_context)} · error type "
-                 f'<b class="error-type {"ok" if ok else "bad"}">{_e(o.error_type)}</b></p></section>')
+                 f'<b class="error-type {"ok" if chain.correct else "bad"}">{_e(o.error_type)}</b></p></section>')
     return "".join(parts)
+
+
+def _passages(r: pd.DataFrame, golds: list[str]) -> str:
+    if r.empty:
+        return '<p class="closed">no passages (closed book)</p>'
+    items = []
+    for p in r.itertuples():
+        hit = passage_has_gold(str(p.text), golds)
+        score = "" if p.score is None or pd.isna(p.score) else f" · score {float(p.score):.3g}"
+        items.append(f'<li class="passage{" has-gold" if hit else ""}"><b>{_e(p.pid)}</b> {_e(p.title)}{score}'
+                     f'{" · <b>contains a gold answer</b>" if hit else ""}<br>{highlight_html(str(p.text), golds)}</li>')
+    return f'<ol class="passages">{"".join(items)}</ol>'
+
+
+def _generation(gen: Any) -> str:
+    prompt = (f"[system] {gen.system_prompt}\n\n" if str(gen.system_prompt) else "") + str(gen.prompt)
+    return (f'<div class="gen" data-role="{_e(gen.role)}">generation · round {gen.round} · role '
+            f'<span class="role">{_e(gen.role)}</span> · call {gen.call_index} · sample {gen.sample_index} · '
+            f"{_e(gen.model)} · {'cache' if gen.from_cache else 'model'} · {gen.tokens_in}→{gen.tokens_out} tokens"
+            f'<details class="prompt"><summary>prompt</summary><pre>{_e(_cut(prompt, MAX_PROMPT_CHARS))}</pre></details>'
+            f'raw output:<pre class="raw">{_e(gen.output)}</pre>'
+            f"parsed: {_e(gen.parsed_answer)} ({_e(gen.parse_status)})</div>")
+
+
+def _vote(vote: Any) -> str:
+    cands = [str(x) for x in vote.candidates]
+    scores = [round(float(x), 4) for x in vote.scores] if vote.scores is not None else []
+    return (f'<p class="vote">vote <b>{_e(vote.method)}</b>: candidates {_e(json.dumps(cands, ensure_ascii=False))} '
+            f"scores {_e(scores)} → <b>{_e(vote.chosen)}</b></p>")
 
 
 def _drilldown(res: AnalysisResult, questions: pd.DataFrame | None, store_root: str | Path | None = None,
@@ -209,7 +196,7 @@ def _drilldown(res: AnalysisResult, questions: pd.DataFrame | None, store_root: 
            "<code>ragledger trace</code>. Open one by clicking it or with <code>#q-&lt;question id&gt;</code> in the URL.</p>"
            '<input id="qfilter" type="search" placeholder="filter by question id or text" '
            'oninput="filterQuestions(this.value)">']
-    rec = _chain_records(store_root, res.experiment, chained) if chained else {}
+    rec = chain_records(store_root, res.experiment, chained) if chained else {}
     with_chain = set(chained)
     by_q = dict(iter(dec[dec["qid"].isin(set(shown))].groupby("qid")))  # only the questions shown
     for qid in shown:
@@ -264,7 +251,7 @@ def html_report(res: AnalysisResult, store_root: str | Path | None = None) -> st
         f"<style>{CSS}</style><script>{SCRIPT}</script></head><body><h1>{_e(res.experiment)}</h1>"
         f"<p>{res.questions} questions × {len(res.cells)} cells{dropped}. Correct = {_e(res.metric)} for RWR/MRLR and "
         "accuracy, EM for the error decomposition; CIs: percentile bootstrap, "
-        "1,000 resamples over questions, seeded. Definitions: seed 002 (see DESIGN.md). RWR, MRWR, MRLR and "
+        "1,000 resamples over questions, seeded. Definitions: seed 002. RWR, MRWR, MRLR and "
         "per-error RWR compare retrievers within one (reader, model) group, as seed 002 holds the reader and "
         "the LM fixed: one table per group.</p>"
         f"<h2>Headline</h2>{_headline(res)}<h2>Error decomposition</h2>{_identity(res)}{_shares(res)}"

@@ -1,0 +1,78 @@
+"""What every `ragledger` command module shares: the two consoles, the one-line error exit, the user-error classes
+and the input preflight. ragledger/cli.py, cli_analysis.py and cli_ops.py import it; it imports none of them."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, NoReturn
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+if TYPE_CHECKING:
+    from schemas.spec import AnySpec
+
+# wide enough for the results table when output goes to a file or CI log
+console = Console(width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True, soft_wrap=True)  # an error stays one line, whatever the terminal width
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    """End the command with one `error:` line. The message is text, not Rich markup: a path or a cell name with
+    brackets is shown as it is."""
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+    raise typer.Exit(code)
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """The errors the user or the machine must fix: their message names the culprit (exit 2, no traceback)."""
+    from ragledger.datasets import DatasetError
+    from ragledger.embedded import EmbeddedServerError
+    from ragledger.llm import BackendError
+    from ragledger.locations import LocationError
+    from ragledger.models import ModelFetchError
+    from ragledger.secrets import CredentialsInURL
+    from schemas.records import RecordValidationError
+    from schemas.spec import SpecError
+    from tracking.diskfull import StoreFullError
+    from tracking.mlflow_sync import MlflowLoggingPending
+
+    return (SpecError, DatasetError, BackendError, EmbeddedServerError, ModelFetchError, RecordValidationError,
+            LocationError, CredentialsInURL, StoreFullError, MlflowLoggingPending)
+
+
+def usage_error(message: str) -> BaseException:
+    from schemas.spec import SpecError
+
+    return SpecError(message)
+
+
+def preflight(spec: AnySpec) -> None:
+    """Check every input before anything is written or any model is called (every dataset of a sweep)."""
+    from ragledger.datasets import DatasetError, load_questions
+    from ragledger.paths import resolve_data_path
+    from schemas.spec import SweepSpec
+    from tasks.retrievers import parse_retriever
+
+    for i, experiment in enumerate(spec.expand()):
+        try:
+            load_questions(experiment.dataset.name, experiment.dataset.path)
+        except DatasetError as exc:
+            where = f"dataset[{i}]" if isinstance(spec, SweepSpec) else "dataset"
+            raise DatasetError(f"{where}.path: {exc}") from None
+    if any(parse_retriever(r).needs_corpus for r in spec.retrievers):
+        for p in spec.corpus.paths:
+            if not resolve_data_path(p).is_file():
+                raise DatasetError(f"corpus.paths: {resolve_data_path(p)}: file not found")
+    if spec.model.backend == "openai":
+        from ragledger.llm import api_key_from_env
+
+        api_key_from_env(spec.model.api_key_env)
+    if not spec.tracking.mlflow_uri:  # the URI the run would use instead (the spec's own is checked with the spec)
+        import os
+
+        from ragledger.secrets import refuse_credentials
+
+        refuse_credentials(os.environ.get("MLFLOW_TRACKING_URI"), "MLFLOW_TRACKING_URI", "MLflow reads them from "
+                           "MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD (an MLflow server) or PGPASSWORD (PostgreSQL)")
