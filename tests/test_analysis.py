@@ -116,20 +116,30 @@ def test_compare_cells_flip_table_and_paired_ci():
     assert lo == hi == 0.0
 
 
-def test_binary_bootstraps_match_index_resampling():
-    """The multinomial/binomial shortcuts draw from the same distribution as resampling questions."""
+def test_one_bootstrap_for_every_ci():
+    """The accuracy CI and the paired CI of ΔEM are tracking.metrics.bootstrap_ci (the readers table's EM CI), so a
+    cell has one CI wherever it is shown. It does not depend on the order of the questions or on the chunking, and
+    it matches resampling the questions' indices in distribution."""
+    from tracking import metrics
     from tracking.metrics import bootstrap_ci
 
     rng = np.random.default_rng(5)
     v = (rng.random(400) < 0.3).astype(float)
-    _, lo, hi = an.accuracy_ci(v, n_resamples=4000)
-    lo2, hi2 = bootstrap_ci(v, n_resamples=4000)
-    assert abs(lo - lo2) < 0.015 and abs(hi - hi2) < 0.015
+    mean, lo, hi = an.accuracy_ci(v, n_resamples=4000)
+    assert (lo, hi) == bootstrap_ci(v, n_resamples=4000) and mean == v.mean()
     a, b = (rng.random(400) < 0.5).astype(float), (rng.random(400) < 0.4).astype(float)
-    lo, hi = paired_bootstrap_ci(a, b, n_resamples=4000)
-    d = a - b
-    lo2, hi2 = bootstrap_ci(d + 0.5, n_resamples=4000)  # shifted off {-1,0,1}: the index-resampling path
-    assert abs(lo - (lo2 - 0.5)) < 0.02 and abs(hi - (hi2 - 0.5)) < 0.02
+    assert paired_bootstrap_ci(a, b, n_resamples=4000) == bootstrap_ci(a - b, n_resamples=4000)
+    whole = bootstrap_ci(v, n_resamples=999)
+    saved = metrics.BOOTSTRAP_CHUNK
+    try:
+        metrics.BOOTSTRAP_CHUNK = 14  # two distinct values: chunks of 7 resamples, the last one shorter
+        assert bootstrap_ci(v, n_resamples=999) == whole
+    finally:
+        metrics.BOOTSTRAP_CHUNK = saved
+    assert bootstrap_ci(rng.permutation(v), n_resamples=999) == whole
+    idx = np.random.default_rng(1).integers(0, len(v), size=(4000, len(v)))
+    by_index = np.quantile(v[idx].mean(axis=1), [0.025, 0.975])
+    assert abs(lo - by_index[0]) < 0.015 and abs(hi - by_index[1]) < 0.015
 
 
 # 2 readers × 3 retrievers × 5 questions (EM per question q1..q5). Within reader r1, retriever a is right

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pandas as pd
 import pytest
 from typer.testing import CliRunner
@@ -281,3 +282,28 @@ def test_analyze_prints_one_mrlr_table_per_reader(tmp_path, prefect_harness):
     assert r.output.count("MRLR table, ") == 1 and "MRLR table, reader r1 · model m" in r.output
     assert "reader r2 · model m: one retriever only (a: acc 40.0 %" in r.output
     assert "no inconsistency table" in r.output
+
+
+def test_a_cell_has_one_em_ci_in_the_readers_table_the_cli_and_the_report(tmp_path, prefect_harness):
+    """The EM 95% CI of a cell is the same in the readers table `ragledger run` prints, in `ragledger analyze`'s
+    table and in report.html: all three come from tracking.metrics.bootstrap_ci, whatever order each reads the
+    questions in (the analysis sorts them by qid: q1, q10, q11, ...)."""
+    from tracking.metrics import cell_metrics
+    from tracking.readers_table import display_rows, readers_table
+
+    rng = np.random.default_rng(4)  # cell a: EM 50.0 [35.0, 65.0]; resampling indices in qid order gave [35.0, 67.5]
+    ems = {(r, "concatenation"): [int(x) for x in rng.random(40) < p] for r, p in (("a", 0.55), ("b", 0.3))}
+    root = tmp_path / "store"
+    build_outcome_store(root, "ci", ems)
+    outcomes = EventStore(root).read("outcomes", "ci")
+    name = "a · concatenation · m"
+    metrics = cell_metrics(outcomes[outcomes["cell"] == name])
+    (row,) = display_rows(readers_table({name: metrics}))
+    table_ci = row[3]  # retriever, reader, EM, EM 95% CI, ...
+    assert table_ci == "[35.0, 65.0]"
+    r = CliRunner().invoke(app, ["analyze", "ci", "--store", str(root), "--no-eor", "--no-mlflow"], env={"COLUMNS": "220"})
+    assert r.exit_code == 0, r.output
+    cli_row = next(line for line in r.output.splitlines() if line.strip("│ ").startswith("a "))
+    assert table_ci in cli_row, (table_ci, cli_row)
+    html = (root / "analysis" / "ci" / "report.html").read_text()
+    assert f'<tr title="{name}"><td class=l>a</td><td>{row[2]}</td><td>{table_ci}</td>' in html

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from ragledger.cell import Cell
+from tracking.metrics import bootstrap_ci
 
 CORRECTNESS = ("em", "semantic")
 ERROR_INDICATORS = ("RE", "LG", "RF", "EE", "HE", "abstain", "HE_literal")
@@ -214,17 +215,11 @@ def error_shares(decomposed: pd.DataFrame, n_resamples: int = 1000, seed: int = 
 
 
 def accuracy_ci(values: np.ndarray, n_resamples: int = 1000, seed: int = 0, alpha: float = 0.05) -> tuple[float, float, float]:
-    """Mean of 0/1 (or [0,1]) values with its percentile bootstrap CI (tracking.metrics.bootstrap_ci)."""
-    from tracking.metrics import bootstrap_ci
-
+    """Mean of 0/1 (or [0,1]) values with its percentile bootstrap CI (tracking.metrics.bootstrap_ci: with EM as the
+    metric, the same CI as the readers table's)."""
     v = np.asarray(values, dtype=float)
     if len(v) == 0:
         return (0.0, 0.0, 0.0)
-    if np.isin(v, (0.0, 1.0)).all():
-        # 0/1 values: the resampled count of ones is exactly Binomial(n, mean), so draw that instead of
-        # an n_resamples × n index array (800 MB at 100,000 questions)
-        draws = np.random.default_rng(seed).binomial(len(v), v.mean(), size=n_resamples) / len(v)
-        return float(v.mean()), float(np.quantile(draws, alpha / 2)), float(np.quantile(draws, 1 - alpha / 2))
     lo, hi = bootstrap_ci(v, n_resamples=n_resamples, seed=seed, alpha=alpha)
     return float(v.mean()), lo, hi
 

@@ -10,6 +10,7 @@ import pandas as pd
 from scipy.stats import binomtest
 
 from tracking.analysis import AnalysisError
+from tracking.metrics import bootstrap_ci
 
 
 @dataclass(frozen=True)
@@ -43,23 +44,12 @@ def mcnemar_exact(won: int, lost: int) -> float:
 
 def paired_bootstrap_ci(a: np.ndarray, b: np.ndarray, n_resamples: int = 1000, seed: int = 0,
                         alpha: float = 0.05) -> tuple[float, float]:
-    """Percentile CI of mean(a) - mean(b), resampling questions (pairs kept together)."""
+    """Percentile CI of mean(a) - mean(b), resampling questions (pairs kept together): the bootstrap of the
+    per-question differences (tracking.metrics.bootstrap_ci)."""
     d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
     if len(d) == 0:
         return (0.0, 0.0)
-    rng = np.random.default_rng(seed)
-    if np.isin(d, (-1.0, 0.0, 1.0)).all():
-        # paired 0/1 outcomes: resampled (won, lost, tied) counts are exactly Multinomial(n, shares)
-        n = len(d)
-        counts = rng.multinomial(n, [(d == 1).mean(), (d == -1).mean(), (d == 0).mean()], size=n_resamples)
-        means = (counts[:, 0] - counts[:, 1]) / n
-        return float(np.quantile(means, alpha / 2)), float(np.quantile(means, 1 - alpha / 2))
-    means = np.empty(n_resamples)
-    chunk = max(1, 2_000_000 // len(d))  # bound memory on large question sets
-    for s in range(0, n_resamples, chunk):
-        m = min(chunk, n_resamples - s)
-        means[s : s + m] = d[rng.integers(0, len(d), size=(m, len(d)))].mean(axis=1)
-    return float(np.quantile(means, alpha / 2)), float(np.quantile(means, 1 - alpha / 2))
+    return bootstrap_ci(d, n_resamples, seed, alpha)
 
 
 def compare_cells(outcomes: pd.DataFrame, cell_a: str, cell_b: str, n_resamples: int = 1000, seed: int = 0) -> PairedComparison:
