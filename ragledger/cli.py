@@ -322,11 +322,13 @@ def eval_predictions(
 @store_app.command("verify")
 def store_verify(store: Annotated[str, typer.Option(help="event store directory")] = ".ragledger/store") -> None:
     """Check every segment against its checksum and schema."""
+    from rich.markup import escape
+
     from tracking.events import EventStore
 
     checked, problems = EventStore(store).verify()
     for p in problems:
-        err.print(f"[red]BAD[/] {p.path.resolve()}: {p.problem}", highlight=False)
+        err.print(f"[red]BAD[/] {escape(str(p.path.resolve()))}: {escape(p.problem)}", highlight=False)
     console.print(f"{checked} segment(s) checked, {len(problems)} problem(s)")
     raise typer.Exit(1 if problems else 0)
 

@@ -250,11 +250,11 @@ def trace_cmd(
     max_chars: Annotated[int, typer.Option(help="truncate prompts and passages to this many characters (0: no limit)")] = 0,
 ) -> None:
     """Lineage of one question: passages, every generation (role, prompt, raw output), the vote, the outcome."""
-    from ragledger.trace import TraceError, render_trace
+    from ragledger.trace import render_trace
 
     try:
         render_trace(console, store, experiment, qid, cell, max_chars)
-    except TraceError as exc:
+    except ValueError as exc:  # TraceError, AnalysisError, a --cell naming no cell or several
         fail(str(exc))
 
 

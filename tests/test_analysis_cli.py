@@ -137,6 +137,8 @@ def test_trace_shows_lineage(store):
     assert out.index(cell("bm25@1")) < out.index(cell("none"))
     r = cli("trace", EXP, "q9", "--store", root)
     assert r.exit_code == 2 and "no question with id 'q9'" in r.output
+    r = cli("trace", EXP, "q3", "--store", root, "--cell", "[dense]")  # one error line, the brackets shown as typed
+    assert r.exit_code == 2 and "error: no cell matches '[dense]'" in r.output
 
 
 def test_analysis_writes_tables_plots_report_to_the_parent_run(store, tmp_path):

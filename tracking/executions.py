@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ragledger.cell import SEPARATOR, is_ensemble_retriever
+from ragledger.cell import Cell, is_ensemble_retriever
 from tracking.analysis import AnalysisError
 from tracking.events import EventStore
 
@@ -72,8 +72,7 @@ def resolve_cell(name: str, cells: list[str]) -> str:
     if name in cells:
         return name
     words = [w for w in re.split(r"[\s·/]+", name.lower()) if w]
-    sep = SEPARATOR.strip()
-    hits = [c for c in cells if all(any(w == p.strip().lower() for p in c.split(sep)) for w in words)]
+    hits = [c for c in cells if all(any(w == p.lower() for p in _parts(c)) for w in words)]
     if not hits:
         hits = [c for c in cells if all(w in c.lower() for w in words)]
     if len(hits) == 1:
@@ -81,3 +80,12 @@ def resolve_cell(name: str, cells: list[str]) -> str:
     if not hits:
         raise ValueError(f"no cell matches {name!r}; cells: {', '.join(cells)}")
     raise ValueError(f"{name!r} matches {len(hits)} cells: {', '.join(hits)}")
+
+
+def _parts(cell: str) -> tuple[str, ...]:
+    """retriever, reader and model of a cell name; an ad-hoc name is one part."""
+    try:
+        c = Cell.parse(cell)
+    except ValueError:
+        return (cell.strip(),)
+    return (c.retriever, c.reader, c.model)
