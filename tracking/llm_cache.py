@@ -10,6 +10,7 @@ import json
 import sqlite3
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,40 @@ class LLMCallCache:
             self._conn.execute(
                 "INSERT OR IGNORE INTO llm_calls (key, response) VALUES (?, ?)", (key, json.dumps(response))
             )
+
+    def get_many(self, keys: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """The cached responses of `keys` that are in the cache (a call pack's export)."""
+        wanted = sorted(set(keys))
+        found: dict[str, dict[str, Any]] = {}
+        with self._lock:
+            for i in range(0, len(wanted), 500):  # SQLite's bound on host parameters
+                chunk = wanted[i : i + 500]
+                marks = ",".join("?" * len(chunk))
+                for key, response in self._conn.execute(
+                        f"SELECT key, response FROM llm_calls WHERE key IN ({marks})", chunk):
+                    found[key] = json.loads(response)
+        return found
+
+    def put_many(self, items: Iterable[tuple[str, dict[str, Any]]]) -> int:
+        """Insert responses in one transaction; an existing key keeps its response. Returns how many were new."""
+        rows = [(k, json.dumps(v)) for k, v in items]
+        with self._lock, reported_as_store_full(self.path):
+            before = self._conn.total_changes
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                self._conn.executemany("INSERT OR IGNORE INTO llm_calls (key, response) VALUES (?, ?)", rows)
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+            return self._conn.total_changes - before
+
+    def items(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Every (key, response), in key order (a whole-cache export)."""
+        with self._lock:
+            rows = self._conn.execute("SELECT key, response FROM llm_calls ORDER BY key").fetchall()
+        for key, response in rows:
+            yield key, json.loads(response)
 
     def __len__(self) -> int:
         with self._lock:

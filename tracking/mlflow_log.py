@@ -207,3 +207,86 @@ class MlflowLogger:
 
     def end(self, run_id: str, status: str = "FINISHED") -> None:
         self.client.set_terminated(run_id, status)
+
+
+# ---- provenance and MLflow-native views of an execution (logged by tracking/mlflow_sync.log_execution) ----------
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def git_provenance(repo: Path = REPO_ROOT) -> dict[str, str]:
+    """MLflow's source tags for the code that ran, when it runs from a git checkout (nothing otherwise). The remote
+    URL is redacted of credentials; `ragledger.git_dirty` says whether the checkout had uncommitted changes."""
+    import subprocess
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    if not (repo / ".git").exists():
+        return {}
+    commit = git("rev-parse", "HEAD")
+    if not commit:
+        return {}
+    tags = {"mlflow.source.git.commit": commit, "mlflow.source.type": "LOCAL", "mlflow.source.name": "ragledger"}
+    branch = git("rev-parse", "--abbrev-ref", "HEAD")
+    if branch and branch != "HEAD":
+        tags["mlflow.source.git.branch"] = branch
+    remote = git("config", "--get", "remote.origin.url")
+    if remote:
+        from ragledger.secrets import redact_url as redact
+
+        tags["mlflow.source.git.repoURL"] = redact(remote) or ""
+    status = git("status", "--porcelain", "--untracked-files=no")
+    if status is not None:
+        tags["ragledger.git_dirty"] = "true" if status else "false"
+    return tags
+
+
+def questions_digest(questions) -> str:
+    """Digest of a question sample (ids, questions, gold answers): the runs' Dataset digest in MLflow."""
+    from tracking.events import stable_hash
+
+    rows = sorted((str(q), str(t), [str(a) for a in a_]) for q, t, a_ in
+                  zip(questions["qid"], questions["question"], questions["answers"], strict=True))
+    return stable_hash("questions", rows, length=16)
+
+
+def questions_dataset(questions, name: str, source: str):
+    """The questions as an mlflow.data pandas dataset (question id, question, gold answers), named and digested."""
+    import mlflow.data
+    from mlflow.data.sources import LocalArtifactDatasetSource
+
+    df = questions[["qid", "question", "answers"]].copy()
+    df["answers"] = df["answers"].map(lambda a: [str(x) for x in a])
+    return mlflow.data.from_pandas(df.reset_index(drop=True), source=LocalArtifactDatasetSource(source),
+                                   name=name, digest=questions_digest(questions))
+
+
+def outcomes_table(outcomes, questions):
+    """One row per example: what the runs' Evaluation view shows (question, gold, prediction, EM, F1, error type)."""
+    q = questions.drop_duplicates("qid").set_index("qid")
+    out = outcomes.sort_values("qid")
+    return {
+        "qid": out["qid"].astype(str).tolist(),
+        "question": [str(q["question"].get(x, "")) for x in out["qid"]],
+        "gold": [" | ".join(map(str, q["answers"].get(x, []))) for x in out["qid"]],
+        "prediction": out["prediction"].astype(str).tolist(),
+        "em": out["em"].astype(float).tolist(),
+        "f1": out["f1"].astype(float).tolist(),
+        "error_type": out["error_type"].astype(str).tolist(),
+    }
+
+
+def log_dataset_input(logger: MlflowLogger, run_id: str, dataset, context: str = "eval") -> None:
+    from mlflow.entities import DatasetInput, InputTag
+
+    logger.client.log_inputs(run_id, [DatasetInput(dataset._to_mlflow_entity(),
+                                                   tags=[InputTag("mlflow.data.context", context)])])
+
+
+def log_table(logger: MlflowLogger, run_id: str, table: dict[str, list], artifact_file: str) -> None:
+    logger.client.log_table(run_id, table, artifact_file)

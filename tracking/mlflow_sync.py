@@ -28,6 +28,8 @@ from tracking.events import write_text_atomically
 PENDING_DIR = "mlflow-pending"
 EXECUTION_TAG = "ragledger.execution"
 # the run statistics an experiment's parent run carries as metrics (from the run summary in the manifest)
+# the execution's manifest on its parent run, store paths made relative to the store (tracking/mlflow_pull.py)
+MANIFEST_ARTIFACT = "ragledger/manifest.json"
 RUN_STATS = ("llm_calls", "cache_hits", "retries", "tasks_total", "tasks_from_cache", "wall_time_s", "questions_sampled")
 
 
@@ -94,9 +96,14 @@ def pending_error(tracking_uri: str, store_root: str | Path, exc: BaseException,
         "(the next run does too)")
 
 
-def log_execution(tracking_uri: str, execution: str, record: dict[str, Any]) -> dict[str, Any]:
+def log_execution(tracking_uri: str, execution: str, record: dict[str, Any],
+                  store_root: str | Path | None = None) -> dict[str, Any]:
     """Log one execution (its manifest `record`) to MLflow: a parent run and a nested run per cell, found by their
-    `ragledger.execution` tag when a previous attempt created them. Returns {"parent", "cells", "experiment_id"}."""
+    `ragledger.execution` tag when a previous attempt created them. Returns {"parent", "cells", "experiment_id"}.
+
+    Besides metrics and record segments, so that MLflow can stand in for the store (tracking/mlflow_pull.py): the
+    parent run gets provenance tags, the portable manifest, the spec, the closed-book filter's generations and the
+    call pack; each cell run its per-example outcome table and the questions as its dataset input."""
     from schemas.spec import ExperimentSpec
     from tracking.mlflow_log import MlflowLogger, check_reachable, flatten, safe_spec
 
@@ -113,9 +120,12 @@ def log_execution(tracking_uri: str, execution: str, record: dict[str, Any]) -> 
         cells = {cell: r.info.run_id for (level, cell), r in found.items() if level == "cell"}
         return {"parent": parent_run.info.run_id, "cells": cells, "experiment_id": logger.experiment_id}
 
+    store = Path(store_root) if store_root is not None else store_of(record)
+    views = ExecutionViews(spec, record, store)
     common_tags = {"ragledger.experiment": spec.name, "ragledger.spec_hash": summary["spec_hash"],
                    "ragledger.dataset": f"{spec.dataset.name}:{spec.dataset.path}",
-                   "ragledger.flow_run_id": summary.get("flow_run_id") or "", EXECUTION_TAG: execution}
+                   "ragledger.flow_run_id": summary.get("flow_run_id") or "", EXECUTION_TAG: execution,
+                   **views.provenance()}
 
     def run_for(run: Any, name: str, tags: dict[str, str], parent: str | None = None) -> str:
         if run is None:
@@ -133,8 +143,10 @@ def log_execution(tracking_uri: str, execution: str, record: dict[str, Any]) -> 
     run_stats = {k: summary[k] for k in RUN_STATS if k in summary}
     if summary.get("closed_book_dropped") is not None:
         run_stats["closed_book_dropped"] = summary["closed_book_dropped"]
-    logger.log(parent, params=params, metrics={**run_stats, "questions": summary["questions"]})
+    logger.log(parent, params=params, metrics={**run_stats, "questions": summary["questions"]},
+               tags=views.provenance())  # a run created before provenance existed gets it too
     logger.log_spec(parent, shown)
+    views.log_dataset(logger, parent, context="experiment")
     for cell, metrics in summary["cells"].items():
         run = found.get(("cell", cell))
         if run is not None and run.info.status == "FINISHED":
@@ -145,13 +157,20 @@ def log_execution(tracking_uri: str, execution: str, record: dict[str, Any]) -> 
                                      "retriever": retriever, "reader": strategy, "model": model}, parent)
         cell_params = {k: v for k, v in params.items() if not k.startswith(("retrievers", "readers"))}
         cell_params.update({"retriever": retriever, "reader": strategy, "model": model})
-        logger.log(run_id, params=cell_params, metrics={k: v for k, v in metrics.items() if isinstance(v, int | float)})
+        logger.log(run_id, params=cell_params, metrics={k: v for k, v in metrics.items() if isinstance(v, int | float)},
+                   tags=views.provenance())
         for kind, files in record.get("segments", {}).get(cell, {}).items():
             logger.log_artifacts(run_id, files, f"records/{kind}")
+        views.log_dataset(logger, run_id)
+        views.log_outcomes(logger, run_id, cell)
         logger.end(run_id)
         cells[cell] = run_id
     logger.log_text(parent, json.dumps(summary["cells"], indent=2, default=str), "analysis/summary.json")
     logger.log_artifacts(parent, record.get("analysis_files") or [], "analysis")
+    logger.log_artifacts(parent, record.get("closed_book_filter_segments") or [], "records/generations")
+    views.log_callpack(logger, parent, execution)
+    # the manifest last: a pull takes an execution whose parent run is FINISHED and has it
+    logger.log_text(parent, json.dumps(portable_manifest(record, store), indent=2, default=str), MANIFEST_ARTIFACT)
     logger.end(parent)
     return {"parent": parent, "cells": cells, "experiment_id": logger.experiment_id}
 
@@ -175,7 +194,7 @@ def publish(store_root: str | Path, manifest: Path, record: dict[str, Any], trac
                                                   "manifest": str(manifest), "tracking_uri": tracking_uri}))
         write_text_atomically(manifest, json.dumps(record, indent=2, default=str))
         try:
-            logged = log_execution(tracking_uri, execution, record)
+            logged = log_execution(tracking_uri, execution, record, store_root)
         except Exception as exc:  # MLflow down, or refusing: the store has everything; logging is retried later
             raise pending_error(tracking_uri, store_root, exc) from None
         record = _with_ids(record, logged)
@@ -232,7 +251,7 @@ def _sync_one(store_root: str | Path, experiment: str, execution: str, manifest:
             if not pending and _already_logged(uri, execution, record):
                 result.skipped.append(execution)
                 return
-            logged = log_execution(uri, execution, record)
+            logged = log_execution(uri, execution, record, store_root)
         except Exception as exc:  # MLflow still down (or refusing): the marker stays for the next attempt
             result.pending.append({"experiment": experiment, "execution": execution, "tracking_uri": uri,
                                    "error": _short(exc)})
@@ -271,3 +290,158 @@ def _already_logged(tracking_uri: str, execution: str, record: dict[str, Any]) -
                 return True
     return bool(MlflowLogger(tracking_uri, name).runs_with_tag(EXECUTION_TAG, execution))
 
+
+
+# ---- what makes MLflow the system of record: provenance, portable manifest, call pack, per-example views ----------
+
+def store_of(record: dict[str, Any]) -> Path | None:
+    """The store an execution was run on, from its manifest path (<store>/runs/<experiment>/<execution>.json)."""
+    manifest = record.get("summary", {}).get("manifest")
+    return Path(manifest).parents[2] if manifest else None
+
+
+def store_relative(path: str | Path, store_root: Path | None) -> str:
+    """A segment's path inside its store (<kind>/<experiment>/seg-*.parquet), whatever the store's location."""
+    p = Path(path)
+    if store_root is not None:
+        try:
+            return p.resolve().relative_to(store_root.resolve()).as_posix()
+        except ValueError:
+            pass
+    return Path(*p.parts[-3:]).as_posix()
+
+
+def portable_manifest(record: dict[str, Any], store_root: Path | None) -> dict[str, Any]:
+    """The manifest as another machine can use it: segment paths relative to the store; no local file lists."""
+    out = json.loads(json.dumps(record, default=str))
+    out["segments"] = {cell: {kind: [store_relative(f, store_root) for f in files if f] for kind, files in kinds.items()}
+                       for cell, kinds in record.get("segments", {}).items()}
+    out["closed_book_filter_segments"] = [store_relative(f, store_root)
+                                          for f in record.get("closed_book_filter_segments") or [] if f]
+    out["analysis_files"] = []
+    for key in ("manifest", "tracking_uri", "mlflow_parent_run_id", "mlflow_cell_run_ids", "mlflow_experiment_id"):
+        out["summary"].pop(key, None)  # where it was logged and stored: set by whoever reads it back
+    out["portable"] = 1
+    return out
+
+
+class ExecutionViews:
+    """Provenance tags and MLflow-native views of one execution, read from its store (each read at most once)."""
+
+    def __init__(self, spec: Any, record: dict[str, Any], store_root: Path | None):
+        self.spec, self.record, self.store_root = spec, record, store_root
+        self._provenance: dict[str, str] | None = None
+        self._questions: Any = None
+        self._dataset: Any = None
+
+    def _segments(self, kind: str, cell: str | None = None) -> list[Path]:
+        cells = [cell] if cell else list(self.record.get("segments", {}))
+        found = {Path(f) for c in cells for f in self.record.get("segments", {}).get(c, {}).get(kind, []) if f}
+        return sorted(p for p in found if p.exists())
+
+    def questions(self):
+        if self._questions is None:
+            from tracking.events import EventStore
+
+            paths = self._segments("questions")
+            self._questions = EventStore(self.store_root or ".").read("questions", paths=paths) if paths else None
+        return self._questions
+
+    def provenance(self) -> dict[str, str]:
+        """ragledger version, schema version, code commit, spec hash, model identity, dataset and corpus hashes. No
+        secrets: URLs are redacted (a URL with credentials is refused before a run starts), keys named by env var."""
+        if self._provenance is None:
+            import ragledger
+            from schemas.records import SCHEMA_VERSION
+            from tracking.mlflow_log import git_provenance, questions_digest, redact_url
+
+            spec = self.spec
+            tags = {"ragledger.version": ragledger.__version__, "ragledger.schema_version": str(SCHEMA_VERSION),
+                    "ragledger.spec_hash": self.record["summary"]["spec_hash"], "ragledger.model": spec.model.display_name,
+                    "ragledger.model_identity": _model_identity(spec, redact_url),
+                    "ragledger.sampling": json.dumps({"temperature": spec.model.temperature, "top_p": spec.model.top_p,
+                                                      "max_tokens": spec.model.max_tokens, "seed": spec.model.seed})}
+            q = self.questions()
+            if q is not None and not q.empty:
+                tags["ragledger.dataset_hash"] = questions_digest(q)
+            corpus = _corpus_hash(spec)
+            if corpus:
+                tags["ragledger.corpus_hash"] = corpus
+            tags.update(git_provenance())
+            self._provenance = tags
+        return self._provenance
+
+    def log_dataset(self, logger: Any, run_id: str, context: str = "eval") -> None:
+        """The questions as the run's dataset input: the runs table's Dataset column (name, digest)."""
+        from tracking.mlflow_log import log_dataset_input, questions_dataset
+
+        q = self.questions()
+        if q is None or q.empty:
+            return
+        if self._dataset is None:
+            ds = self.spec.dataset
+            self._dataset = questions_dataset(q, f"{ds.name}:{Path(ds.path).name if ds.path else 'default'}",
+                                              str(ds.path or ds.name))
+        log_dataset_input(logger, run_id, self._dataset, context)
+
+    def log_outcomes(self, logger: Any, run_id: str, cell: str) -> None:
+        """The cell's per-example outcomes as an MLflow table (question, gold, prediction, EM, F1, error type)."""
+        from tracking.events import EventStore
+        from tracking.mlflow_log import log_table, outcomes_table
+
+        paths, q = self._segments("outcomes", cell), self.questions()
+        if not paths or q is None:
+            return
+        outcomes = EventStore(self.store_root or ".").read("outcomes", paths=paths)
+        log_table(logger, run_id, outcomes_table(outcomes, q), "outcomes_table.json")
+
+    def log_callpack(self, logger: Any, run_id: str, execution: str) -> None:
+        """The execution's LLM calls, from the store's call cache, as one artifact (tracking/callpack.py). Calls made
+        by retrievers that call the model (compression, parametric) are not in it: their records carry no call id."""
+        import tempfile
+
+        from tracking import callpack
+        from tracking.llm_cache import LLMCallCache
+
+        cache_file = callpack.cache_path(self.store_root) if self.store_root is not None else None
+        if cache_file is None or not cache_file.exists():
+            return
+        segs = self._segments("generations") + [Path(f) for f in self.record.get("closed_book_filter_segments") or []]
+        calls = callpack.calls_of_segments(segs)
+        if not calls:
+            return
+        cache = LLMCallCache(cache_file)
+        try:
+            data, _ = callpack.build(cache, calls, {"experiment": self.spec.name, "execution": execution,
+                                                    "model_identity": self.provenance()["ragledger.model_identity"]})
+        finally:
+            cache.close()
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / Path(callpack.ARTIFACT).name
+            path.write_bytes(data)
+            logger.log_artifacts(run_id, [path], str(Path(callpack.ARTIFACT).parent))
+
+
+def _model_identity(spec: Any, redact) -> str:
+    """The model behind the calls as the call cache keys it (tasks/context.backend_identity), URL redacted."""
+    if spec.model.backend == "embedded":
+        from ragledger.models import BUNDLED_MODELS
+
+        model = BUNDLED_MODELS.get(spec.model.embedded_model)
+        return f"embedded:{model.sha256 if model else spec.model.embedded_model}"
+    return f"openai-compatible:{redact(spec.model.base_url or '')}|{spec.model.name}"
+
+
+def _corpus_hash(spec: Any) -> str:
+    """The corpus' content hash (as index and cache keys use it) when this process has the corpus loaded (the run's
+    own process); a later `sync` from another process does not load a corpus for a tag, and logs none."""
+    import sys
+
+    context = sys.modules.get("tasks.context")
+    if context is None:
+        return ""
+    from tasks.retrievers import parse_retriever
+
+    if not any(parse_retriever(r).needs_corpus for r in spec.retrievers):
+        return ""
+    return context.corpus_for(spec).corpus_hash

@@ -1,0 +1,248 @@
+"""MLflow as the system of record (tracking/mlflow_pull.py, ragledger/cli_share.py): an experiment run on store A is
+rebuilt from its MLflow runs into an empty store B (every record checked on the way in), a rerun on B makes no model
+call, a second pull downloads nothing, an interrupted pull resumes, a damaged or missing artifact is one error
+naming it with nothing half-written kept, and records of two schema versions are never mixed. The parent run
+carries provenance; each cell run its per-example outcome table and the questions as its dataset input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from tests.fakes.openai_server import ScriptedServer
+from tests.test_reliability import cli, make_data, reader, write_spec
+from tracking.events import EventStore
+from tracking.executions import latest_execution, load_outcomes
+from tracking.mlflow_pull import PullError, ensure_local, pull
+
+REPO = Path(__file__).resolve().parents[1]
+EXPERIMENT = "share"
+KEY = ["cell", "qid", "prediction", "em", "f1", "error_type"]
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    """One experiment (6 questions, bm25@2 x concatenation/post_fusion) run on store A against a scripted server that
+    stays up for the module (the call cache keys name its URL), logged to an embedded MLflow."""
+    ws = tmp_path_factory.mktemp("share")
+    make_data(ws, 6)
+    uri = f"sqlite:///{ws / '.ragledger' / 'mlflow.db'}"
+    with ScriptedServer(answer=reader) as model:
+        spec = write_spec(ws, model.base_url, name=EXPERIMENT)
+        proc = cli(ws, "run", str(spec), "--store", str(ws / "A"), "--json", str(ws / "a.json"),
+                   env={"MLFLOW_TRACKING_URI": uri})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        yield {"ws": ws, "uri": uri, "spec": spec, "model": model, "summary": json.loads((ws / "a.json").read_text())}
+
+
+def outcomes(store: Path) -> pd.DataFrame:
+    df = load_outcomes(store, EXPERIMENT, latest_execution(store, EXPERIMENT))
+    return df[KEY].sort_values(["cell", "qid"]).reset_index(drop=True)
+
+
+def share_app() -> typer.Typer:
+    from ragledger.cli_share import register
+
+    app = typer.Typer()
+    register(app)
+    return app
+
+
+def one_error_line(output: str) -> str:
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), output
+    return lines[0]
+
+
+def test_pull_rebuilds_the_store_and_a_second_pull_downloads_nothing(shared, tmp_path):
+    b = tmp_path / "B"
+    r = pull(EXPERIMENT, b, shared["uri"])
+    assert len(r.pulled) == 1 and r.downloaded > 0 and r.calls_added > 0
+    pd.testing.assert_frame_equal(outcomes(b), outcomes(shared["ws"] / "A"))
+    checked, problems = EventStore(b).verify()
+    assert checked > 0 and not problems, problems
+    for kind in ("questions", "retrievals", "generations", "votes", "outcomes"):  # every record kind, same events
+        assert (set(EventStore(b).read(kind, EXPERIMENT)["event_id"])
+                == set(EventStore(shared["ws"] / "A").read(kind, EXPERIMENT)["event_id"])), kind
+    execution = latest_execution(b, EXPERIMENT)
+    a_summary = shared["summary"]
+    assert Path(execution["manifest_path"]).name == Path(a_summary["manifest"]).name  # the same execution
+    assert execution["summary"]["mlflow_parent_run_id"] == a_summary["mlflow_parent_run_id"]  # analyses log there
+    assert execution["summary"]["mlflow_cell_run_ids"] == a_summary["mlflow_cell_run_ids"]
+    assert execution["spec"]["name"] == EXPERIMENT
+    assert all(Path(p).is_file() for segs in execution["segments"].values() for files in segs.values() for p in files)
+    assert not (b / ".pull" / EXPERIMENT).exists()  # nothing staged is left
+
+    again = CliRunner().invoke(share_app(), ["pull", EXPERIMENT, "--mlflow-uri", shared["uri"], "--store", str(b)])
+    assert again.exit_code == 0, again.output
+    assert "nothing new to pull" in again.output and "(0 downloaded)" in again.output
+
+
+def test_rerun_from_a_pulled_store_makes_no_model_call(shared, tmp_path):
+    """Store B + an empty call cache, filled only by pull: rerunning the spec on B calls the model 0 times."""
+    b = tmp_path / "B"
+    assert not (b / "llm_cache.sqlite").exists()
+    r = pull(EXPERIMENT, b, shared["uri"])
+    assert r.calls_added == shared["summary"]["llm_calls"]  # every call of the run travelled in the call pack
+    model = shared["model"]
+    before = model.calls
+    other_mlflow = f"sqlite:///{tmp_path / 'mlflow-b' / 'mlflow.db'}"
+    (tmp_path / "mlflow-b").mkdir()
+    proc = cli(shared["ws"], "run", str(shared["spec"]), "--store", str(b), "--json", str(tmp_path / "b.json"),
+               env={"MLFLOW_TRACKING_URI": other_mlflow})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "b.json").read_text())
+    assert model.calls - before == 0, f"{model.calls - before} model calls on the rerun"
+    assert summary["llm_calls"] == 0 and summary["cache_hits"] > 0
+    assert {c: m["em"] for c, m in summary["cells"].items()} == {c: m["em"] for c, m in shared["summary"]["cells"].items()}
+
+
+def test_parent_run_carries_provenance_and_cells_carry_outcome_tables_and_dataset(shared):
+    from mlflow import MlflowClient
+
+    import ragledger
+    from schemas.records import SCHEMA_VERSION
+
+    client = MlflowClient(tracking_uri=shared["uri"])
+    parent = client.get_run(shared["summary"]["mlflow_parent_run_id"])
+    tags = parent.data.tags
+    assert tags["ragledger.version"] == ragledger.__version__
+    assert tags["ragledger.schema_version"] == str(SCHEMA_VERSION)
+    assert tags["ragledger.spec_hash"] == shared["summary"]["spec_hash"]
+    assert tags["ragledger.model_identity"].startswith("openai-compatible:http://127.0.0.1:")
+    assert len(tags["ragledger.dataset_hash"]) == 16 and len(tags["ragledger.corpus_hash"]) >= 16
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert tags["mlflow.source.git.commit"] == head
+    assert tags["ragledger.git_dirty"] in ("true", "false")
+    root = {f.path for f in client.list_artifacts(parent.info.run_id)}
+    assert {"spec.yaml", "ragledger", "callpack"} <= root
+    for cell, run_id in shared["summary"]["mlflow_cell_run_ids"].items():
+        run = client.get_run(run_id)
+        assert run.data.tags["mlflow.source.git.commit"] == head
+        (ds,) = run.inputs.dataset_inputs
+        assert ds.dataset.digest == tags["ragledger.dataset_hash"] and ds.dataset.name.startswith("jsonl:")
+        table = json.loads(Path(client.download_artifacts(run_id, "outcomes_table.json")).read_text())
+        assert table["columns"] == ["qid", "question", "gold", "prediction", "em", "f1", "error_type"]
+        assert len(table["data"]) == 6
+        assert sum(row[4] for row in table["data"]) / 6 * 100 == pytest.approx(shared["summary"]["cells"][cell]["em"], abs=0.01)
+
+
+def test_an_interrupted_pull_resumes_and_downloads_only_what_is_missing(shared, tmp_path, monkeypatch):
+    import tracking.mlflow_pull as mp
+
+    checked = mp.segment_problem
+    count = {"n": 0}
+
+    def killed_after_three(path, kind, experiment):
+        count["n"] += 1
+        if count["n"] > 3:
+            raise KeyboardInterrupt  # the user's Ctrl-C (or a kill) in the middle of the downloads
+        return checked(path, kind, experiment)
+
+    b = tmp_path / "B"
+    monkeypatch.setattr(mp, "segment_problem", killed_after_three)
+    with pytest.raises(KeyboardInterrupt):
+        pull(EXPERIMENT, b, shared["uri"])
+    assert latest_execution(b, EXPERIMENT) is None  # no manifest: the execution is not in the store yet
+    assert not any(EventStore(b).segments(k, EXPERIMENT) for k in ("questions", "outcomes", "generations"))
+    assert not list((b / ".pull").rglob(".partial-*"))  # no half-downloaded file kept
+    monkeypatch.setattr(mp, "segment_problem", checked)
+    r = pull(EXPERIMENT, b, shared["uri"])
+    assert r.reused == 3 and r.pulled
+    full = pull(EXPERIMENT, tmp_path / "C", shared["uri"])
+    assert r.downloaded == full.downloaded - 3
+    pd.testing.assert_frame_equal(outcomes(b), outcomes(shared["ws"] / "A"))
+
+
+def _cell_artifact(shared, kind: str) -> Path:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=shared["uri"])
+    run_id = next(iter(shared["summary"]["mlflow_cell_run_ids"].values()))
+    art = client.get_run(run_id).info.artifact_uri.removeprefix("file://")
+    return sorted((Path(art) / "records" / kind).glob("seg-*.parquet"))[0]
+
+
+@pytest.mark.parametrize("damage", ["altered", "truncated", "missing"])
+def test_a_damaged_or_missing_artifact_is_one_error_line_and_nothing_is_kept(shared, tmp_path, damage):
+    seg = _cell_artifact(shared, "outcomes")
+    backup = tmp_path / "backup.parquet"
+    shutil.copy2(seg, backup)
+    try:
+        if damage == "altered":  # a value changed, the file rewritten with its old checksum
+            table = pq.read_table(seg)
+            df = table.to_pandas()
+            df.loc[0, "prediction"] = "altered"
+            pq.write_table(pd.DataFrame(df).pipe(lambda d: __import__("pyarrow").Table.from_pandas(d, preserve_index=False))
+                           .replace_schema_metadata(table.schema.metadata), seg)
+        elif damage == "truncated":
+            seg.write_bytes(backup.read_bytes()[: backup.stat().st_size // 2])
+        else:
+            seg.unlink()
+        b = tmp_path / "B"
+        result = CliRunner().invoke(share_app(), ["pull", EXPERIMENT, "--mlflow-uri", shared["uri"], "--store", str(b)])
+        assert result.exit_code == 2, result.output
+        line = one_error_line(result.output)
+        assert f"records/outcomes/{seg.name}" in line and seg.parent.parent.parent.parent.name in line  # artifact, run
+        assert {"altered": "checksum mismatch", "truncated": "unreadable Parquet", "missing": "missing"}[damage] in line
+        assert latest_execution(b, EXPERIMENT) is None
+        for kind in ("questions", "retrievals", "generations", "votes", "outcomes"):
+            assert not EventStore(b).segments(kind, EXPERIMENT), kind
+        assert not (b / "llm_cache.sqlite").exists()
+        assert not list((b / ".pull").rglob(".partial-*"))
+    finally:
+        shutil.copy2(backup, seg)
+
+
+def test_records_of_another_schema_version_are_not_mixed_in(shared, tmp_path):
+    from tracking.events import new_events
+
+    b = tmp_path / "B"
+    store = EventStore(b)
+    rows = [{"event_id": "x" * 32, "cell": "", "qid": "q-new", "dataset": "jsonl", "question": "Which?",
+             "answers": ["Paris"], "gold_pids": []}]
+    df = new_events("questions", EXPERIMENT, rows)
+    df["schema_version"] = 2  # records a later ragledger wrote
+    store.write("questions", df)
+    with pytest.raises(PullError) as exc:
+        pull(EXPERIMENT, b, shared["uri"])
+    msg = str(exc.value)
+    assert "refusing to mix records of different schema versions" in msg
+    assert "schema version 1: run " in msg and "schema version 2: " in msg and "questions" in msg
+    assert latest_execution(b, EXPERIMENT) is None and len(store.segments("questions", EXPERIMENT)) == 1
+
+
+def test_ensure_local_pulls_only_when_the_store_lacks_the_experiment(shared, tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    b = tmp_path / "B"
+    assert ensure_local(EXPERIMENT, b, None) is None  # no MLflow named: the command's own "not found" error
+    assert ensure_local(EXPERIMENT, b, shared["uri"]).pulled
+    assert ensure_local(EXPERIMENT, b, "http://127.0.0.1:9") is None  # present: MLflow is not even asked
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", shared["uri"])
+    assert ensure_local(EXPERIMENT, tmp_path / "C").pulled  # MLFLOW_TRACKING_URI when no URI is given
+    with pytest.raises(PullError, match="no run of experiment 'nope'"):
+        ensure_local("nope", tmp_path / "D", shared["uri"])
+
+
+def test_pull_errors_are_one_line(shared, tmp_path):
+    runner, app = CliRunner(), share_app()
+    cases = {
+        "no such experiment": (["pull", "nope", "--mlflow-uri", shared["uri"]], "has no run of experiment 'nope'"),
+        "no database": (["pull", EXPERIMENT, "--mlflow-uri", f"sqlite:///{tmp_path / 'none.db'}"], "no such database"),
+        "server down": (["pull", EXPERIMENT, "--mlflow-uri", "http://127.0.0.1:9"], "no answer"),
+        "credentials": (["pull", EXPERIMENT, "--mlflow-uri", "http://bob:hunter22@127.0.0.1:9"], "carries credentials"),
+    }
+    for what, (args, expected) in cases.items():
+        result = runner.invoke(app, [*args, "--store", str(tmp_path / "B")])
+        assert result.exit_code == 2, (what, result.output)
+        line = one_error_line(result.output)
+        assert expected in line, (what, line)
+        assert "hunter22" not in result.output
