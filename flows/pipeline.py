@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tasks.context import StageResult
+from tasks.stages import StageResult
 
 
 class Pipeline:

@@ -13,7 +13,8 @@ from prefect import flow
 from prefect.runtime import flow_run
 
 from flows.endpoint import shared_endpoint
-from flows.experiment import FLOW_VERSION, run_experiment, without_default_heartbeats
+from flows.execute import run_experiment, without_default_heartbeats
+from flows.plan import FLOW_VERSION
 from ragledger import progress
 from schemas.spec import SweepSpec, parse_spec
 from tracking.mlflow_sync import MlflowLoggingPending

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -28,3 +29,66 @@ def cache_home() -> Path:
 def resolve_data_path(path: str) -> Path:
     p = Path(path).expanduser()
     return p if p.is_absolute() else data_dir() / p
+
+
+def index_root() -> Path:
+    """Retrieval indexes, keyed by corpus hash and shared by every store, experiment and checkout on the machine:
+    $RAGLEDGER_INDEX_DIR, default <cache_home>/indexes."""
+    return Path(os.environ.get("RAGLEDGER_INDEX_DIR") or cache_home() / "indexes")
+
+
+@dataclass(frozen=True)
+class StoreLayout:
+    """Every path under a store, named once (tracking/events.py writes the segments, tracking/mlflow_sync.py the
+    pending markers, tasks/context.py opens the call cache)."""
+
+    root: Path
+
+    @classmethod
+    def of(cls, root: str | Path) -> StoreLayout:
+        return cls(Path(root))
+
+    def records(self, kind: str, experiment: str) -> Path:
+        """The directory of one record kind's segments of one experiment."""
+        return self.root / kind / experiment
+
+    def segment(self, kind: str, experiment: str, event_ids: list[str]) -> Path:
+        """Where the segment holding exactly these events is (EventStore.write names it by them)."""
+        from tracking.events import stable_hash  # pandas and pyarrow: only for whoever asks for a segment
+
+        return self.records(kind, experiment) / f"seg-{stable_hash(kind, sorted(event_ids), length=24)}.parquet"
+
+    def runs(self, experiment: str) -> Path:
+        """Run manifests and the run's analysis files (recall curve, readers table)."""
+        return self.root / "runs" / experiment
+
+    def manifest(self, experiment: str, stamp: str, run_token: str) -> Path:
+        return self.runs(experiment) / f"{stamp}-{run_token[:8]}.json"
+
+    def recall_curve_dir(self, experiment: str, tag: str) -> Path:
+        return self.runs(experiment) / f"recall-{tag}"
+
+    def readers_table_dir(self, experiment: str, tag: str) -> Path:
+        return self.runs(experiment) / f"readers-{tag}"
+
+    @property
+    def projections(self) -> Path:
+        return self.root / "projections"
+
+    @property
+    def metrics_projection(self) -> Path:
+        """Cell metrics, one file per set of segments (tracking/metrics.py)."""
+        return self.projections / "metrics"
+
+    @property
+    def llm_cache(self) -> Path:
+        """The LLM-call cache (resolved: one connection per file per process)."""
+        return self.root.resolve() / "llm_cache.sqlite"
+
+    def mlflow_pending(self, experiment: str) -> Path:
+        return self.root / "mlflow-pending" / experiment
+
+    @property
+    def indexes(self) -> Path:
+        """Not under the store: indexes are shared by every store (index_root)."""
+        return index_root()

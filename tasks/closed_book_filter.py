@@ -15,15 +15,12 @@ import pandas as pd
 
 from ragledger.answers import em_score
 from ragledger.llm import LLMResponse, run_on_engine
-from tasks.context import StageResult, cell_name, llm_client_for, read_questions, spec_from, stage_task, store_from
+from tasks.context import llm_client_for, stage_task
 from tasks.generate import generation_rows, history_by_question, to_request
 from tasks.readers.base import Call, ReaderInput, ReaderSettings
 from tasks.readers.concatenation import Concatenation
+from tasks.stages import FILTER_RETRIEVER, FILTER_STRATEGY, FilterStage, RunContext, StageResult
 from tracking.events import new_events
-
-FILTER_VERSION = "closed-book-filter-1"
-FILTER_STRATEGY = "closed_book_filter"
-FILTER_RETRIEVER = "none"
 
 
 def filter_calls(questions: pd.DataFrame) -> list[tuple[str, Call]]:
@@ -46,24 +43,19 @@ def answered_closed_book(questions: pd.DataFrame, generations: pd.DataFrame) -> 
     return out
 
 
-def run_closed_book_filter(spec_dict: dict, store_root: str, questions_segment: str, base_url: str, qids: list[str],
-                           stage_key: str, run_token: str) -> StageResult:
-    spec = spec_from(spec_dict)
-    store = store_from(store_root)
-    questions = read_questions(store, questions_segment, qids)
+def run_closed_book_filter(run: RunContext, stage: FilterStage, base_url: str) -> StageResult:
+    spec, store = run.spec(), run.store()
+    questions = run.questions(store, stage.qids)
     planned = [(qid, 0, call, to_request(call, spec)) for qid, call in filter_calls(questions)]
-    client = llm_client_for(spec, base_url, store_root)
+    client = llm_client_for(spec, base_url, run.store_root)
 
     async def run_all() -> list[LLMResponse]:
         return await asyncio.gather(*(client.complete(req) for _, _, _, req in planned))
 
     responses: list[LLMResponse] = run_on_engine(run_all()) if planned else []
-    rows = generation_rows(spec, Concatenation(), FILTER_RETRIEVER, 1, stage_key, planned, responses, client, FILTER_STRATEGY)
+    rows = generation_rows(spec, Concatenation(), FILTER_RETRIEVER, 1, stage.key, planned, responses, client, FILTER_STRATEGY)
     segment = store.write("generations", new_events("generations", spec.name, rows)) if rows else None
-    counters = client.counters.as_stage_counters()
-    cell = cell_name(FILTER_RETRIEVER, FILTER_STRATEGY, spec.model.display_name)
-    return StageResult("closed-book filter", cell, stage_key, str(segment) if segment else None, len(rows), run_token, counters)
+    return stage.result(run, segment, len(rows), client.counters.as_stage_counters())
 
 
-closed_book_filter_task = stage_task("closed-book-filter", run_closed_book_filter)
-
+closed_book_filter_task = stage_task(FilterStage, run_closed_book_filter)

@@ -10,55 +10,24 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import pandas as pd
 from prefect import task
 
 from ragledger.datasets import load_corpus
 from ragledger.llm import LLMClient, api_key_from_env
 from ragledger.llm_http import Endpoint
+from ragledger.paths import StoreLayout
 from schemas.spec import ExperimentSpec
 from tasks.retrievers import Corpus, Retriever, parse_retriever
-from tracking.events import EventStore
+from tasks.stages import Stage, backend_identity
+from tasks.stages import StageResult as StageResult  # results Prefect persisted name it tasks.context.StageResult
 from tracking.llm_cache import LLMCallCache
 
 
-@dataclass(frozen=True)
-class StageResult:
-    """What a stage task returns (and Prefect persists): where its records went, and its counters."""
-
-    stage: str
-    cell: str
-    shard: str
-    segment: str | None
-    rows: int
-    run_token: str  # the run that executed the task; differs from the current run on a cache hit
-    counters: dict[str, int]
-    pid: int = field(default_factory=os.getpid)  # the process that ran it: the flow's, or a Dask worker's
-
-    def segment_exists(self) -> bool:
-        return self.segment is None or Path(self.segment).exists()
-
-
-def spec_from(spec_dict: dict[str, Any]) -> ExperimentSpec:
-    return ExperimentSpec.model_validate(spec_dict)
-
-
-def store_from(store_root: str) -> EventStore:
-    return EventStore(store_root)
-
-
 def index_root_for(store_root: str) -> Path:
-    """Indexes are keyed by corpus hash and shared by every experiment and checkout on the machine
-    ($RAGLEDGER_INDEX_DIR, default ~/.cache/ragledger/indexes)."""
-    import os
-
-    from ragledger.paths import cache_home
-
-    return Path(os.environ.get("RAGLEDGER_INDEX_DIR") or cache_home() / "indexes")
+    """Indexes are keyed by corpus hash and shared by every experiment and checkout on the machine."""
+    return StoreLayout.of(store_root).indexes
 
 
 @functools.lru_cache(maxsize=4)
@@ -84,15 +53,6 @@ def retriever_for(spec: ExperimentSpec, name: str, store_root: str, log=print) -
     return _retrievers[key]
 
 
-def backend_identity(spec: ExperimentSpec, base_url: str) -> str:
-    """Identity of the model behind the endpoint, for the LLM-call cache key."""
-    if spec.model.backend == "embedded":
-        from ragledger.models import BUNDLED_MODELS
-
-        return f"embedded:{BUNDLED_MODELS[spec.model.embedded_model].sha256}"
-    return f"openai-compatible:{base_url}"
-
-
 def llm_client_for(spec: ExperimentSpec, base_url: str, store_root: str, logprobs_base_url: str | None = None) -> LLMClient:
     endpoint = Endpoint(
         base_url=base_url,
@@ -104,7 +64,7 @@ def llm_client_for(spec: ExperimentSpec, base_url: str, store_root: str, logprob
         max_retries=spec.model.max_retries,
     )
     return LLMClient(endpoint, backend_identity(spec, base_url),
-                     cache=_llm_cache(str(Path(store_root).resolve() / "llm_cache.sqlite")))
+                     cache=_llm_cache(str(StoreLayout.of(store_root).llm_cache)))
 
 
 # Set in the worker processes of a local Dask cluster (flows.experiment.task_runner_for): how many processes
@@ -133,19 +93,7 @@ def _llm_cache(path: str) -> LLMCallCache:
         return _cached_llm_cache(path)
 
 
-def read_questions(store: EventStore, questions_segment: str, qids: list[str]) -> pd.DataFrame:
-    """The shard's questions, in shard order, from the experiment's questions segment."""
-    q = store.read("questions", paths=[questions_segment])
-    q = q[q["qid"].isin(qids)].set_index("qid")
-    return q.loc[[x for x in qids if x in q.index]].reset_index()
-
-
-def cell_name(retriever: str, strategy: str, model: str) -> str:
-    return f"{retriever} · {strategy} · {model}"
-
-
-def stage_task(name: str, fn):
-    """The Prefect task of a stage: the pure stage function itself, its result persisted and cached under the
-    explicit `stage_key` parameter (a hash of small inputs chained from upstream), never of live objects."""
-    return task(name=name, cache_key_fn=lambda ctx, params: params["stage_key"], persist_result=True)(fn)
-
+def stage_task(stage: type[Stage], fn):
+    """The Prefect task of a stage: the pure stage function itself, its result persisted and cached under the stage's
+    own key (`Stage.key`: a hash of small inputs chained from upstream), never of live objects."""
+    return task(name=stage.task_name, cache_key_fn=lambda ctx, params: params["stage"].key, persist_result=True)(fn)

@@ -28,12 +28,12 @@ from ragledger.answers import (
     normalized_context,
     normalized_passages,
 )
-from tasks.context import StageResult, cell_name, read_questions, spec_from, stage_task, store_from
+from tasks.context import stage_task
 from tasks.readers import get_reader
 from tasks.retrieve import passages_by_question
+from tasks.stages import EVALUATE_VERSION as EVALUATE_VERSION
+from tasks.stages import EvaluateStage, RunContext, StageResult
 from tracking.events import event_id, new_events
-
-EVALUATE_VERSION = "eval-3"  # eval-3: final-round context, gold_in_retrieval, one-answer pools
 
 
 def error_type(correct: bool, unknown: bool, gold_in_context: bool, prediction_in_context: bool) -> str:
@@ -134,34 +134,22 @@ def feedback_contexts(questions: pd.DataFrame, generations: pd.DataFrame,
     return {qid: "\n\n".join(docs) for qid, docs in out.items()}
 
 
-def run_evaluate(
-    spec_dict: dict,
-    store_root: str, questions_segment: str,
-    retriever_name: str,
-    strategy: str,
-    qids: list[str],
-    retrieval_segments: list[str | None],
-    generation_segments: list[str | None],
-    vote_segment: str | None,
-    stage_key: str,
-    run_token: str,
-) -> StageResult:
-    spec = spec_from(spec_dict)
-    store = store_from(store_root)
-    questions = read_questions(store, questions_segment, qids)
+def run_evaluate(run: RunContext, stage: EvaluateStage, retrieval_segments: list[str | None],
+                 generation_segments: list[str | None], vote_segment: str | None) -> StageResult:
+    spec, store = run.spec(), run.store()
+    questions = run.questions(store, stage.qids)
     retrievals = store.read("retrievals", paths=[p for p in retrieval_segments if p])
     generations = store.read("generations", paths=[p for p in generation_segments if p])
     votes = store.read("votes", paths=[vote_segment] if vote_segment else [])
-    model = spec.model.display_name
-    cell = cell_name(retriever_name, strategy, model)
-    reader = get_reader(spec.reader_entry(strategy).name)
+    reader = get_reader(spec.reader_entry(stage.strategy).name)
+    cell = stage.cell
     rows = outcome_rows(
-        spec.name, cell, retriever_name, strategy, model, stage_key,
-        questions, retrievals[retrievals["qid"].isin(qids)], votes, generations,
+        spec.name, cell.name, cell.retriever, cell.reader, cell.model, stage.key,
+        questions, retrievals[retrievals["qid"].isin(stage.qids)], votes, generations,
         feedback_documents=reader.feedback_documents if reader.retrieves_feedback else None,
     )  # fmt: skip
     segment = store.write("outcomes", new_events("outcomes", spec.name, rows)) if rows else None
-    return StageResult("evaluate", cell, stage_key, str(segment) if segment else None, len(rows), run_token, {})
+    return stage.result(run, segment, len(rows))
 
 
-evaluate_task = stage_task("evaluate", run_evaluate)
+evaluate_task = stage_task(EvaluateStage, run_evaluate)

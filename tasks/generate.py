@@ -12,14 +12,16 @@ from typing import Any
 import pandas as pd
 
 from ragledger import progress
+from ragledger.cell import Cell
 from ragledger.crash import crashpoint
 from ragledger.llm import ContextOverflow, LLMClient, LLMRequest, LLMResponse, run_on_engine
 from schemas.spec import ExperimentSpec
-from tasks.context import StageResult, cell_name, llm_client_for, read_questions, retriever_for, spec_from, stage_task, store_from
+from tasks.context import llm_client_for, retriever_for, stage_task
 from tasks.readers import get_reader, settings_for
 from tasks.readers.base import Call, Generation, Passage, Reader, ReaderInput, answer_token_prob, parse_output
 from tasks.retrieve import passages_by_question
-from tracking.events import EventStore, event_id, new_events, stable_hash
+from tasks.stages import GenerateStage, RunContext, StageResult
+from tracking.events import event_id, new_events, stable_hash
 
 
 def reader_inputs(questions: pd.DataFrame, retrievals: pd.DataFrame) -> list[ReaderInput]:
@@ -115,7 +117,7 @@ def generation_rows(
     prompt_version = prompt_version or reader.prompt_version
     model = spec.model.display_name
     strategy = strategy or reader.name  # the spec's label (name plus non-default settings)
-    cell = cell_name(retriever_name, strategy, model)
+    cell = Cell(retriever_name, strategy, model).name
     for (qid, call_index, call, req), resp in zip(planned, responses, strict=True):
         answer, status = parse_output(resp.text, call.parser)
         call_id = client.cache_key(req)
@@ -152,56 +154,42 @@ def generation_rows(
     return rows
 
 
-def run_generate_round(
-    spec_dict: dict,
-    store_root: str, questions_segment: str,
-    base_url: str,
-    retriever_name: str,
-    strategy: str,
-    round_no: int,
-    qids: list[str],
-    retrieval_segments: list[str | None],
-    previous_segments: list[str | None],
-    stage_key: str,
-    run_token: str,
-    logprobs_base_url: str | None = None,
-) -> StageResult:
-    spec = spec_from(spec_dict)
-    store: EventStore = store_from(store_root)
-    entry = spec.reader_entry(strategy)
+def run_generate_round(run: RunContext, stage: GenerateStage, base_url: str, retrieval_segments: list[str | None],
+                       previous_segments: list[str | None], logprobs_base_url: str | None = None) -> StageResult:
+    spec, store = run.spec(), run.store()
+    entry = spec.reader_entry(stage.strategy)
     reader = get_reader(entry.name)
-    questions = read_questions(store, questions_segment, qids)
+    questions = run.questions(store, stage.qids)
     retrievals = store.read("retrievals", paths=[p for p in retrieval_segments if p])
-    retrievals = retrievals[retrievals["qid"].isin(qids)]
+    retrievals = retrievals[retrievals["qid"].isin(stage.qids)]
     history = history_by_question(store.read("generations", paths=[p for p in previous_segments if p]))
-    settings = settings_for(entry, feedback_retrieval(spec, retriever_name, store_root))
+    settings = settings_for(entry, feedback_retrieval(spec, stage.retriever, run.store_root))
     planned: list[tuple[str, int, Call, LLMRequest]] = []
     for item in reader_inputs(questions, retrievals):
-        for i, call in enumerate(reader.plan(round_no, item, history.get(item.qid, []), settings)):
+        for i, call in enumerate(reader.plan(stage.round_no, item, history.get(item.qid, []), settings)):
             planned.append((item.qid, i, call, to_request(call, spec)))
-    client = llm_client_for(spec, base_url, store_root, logprobs_base_url)
-    cell = cell_name(retriever_name, strategy, spec.model.display_name)
-
-    async def run_all() -> list[LLMResponse]:
-        # report progress per finished call so a long shard shows movement
-        async def one(qid: str, call: Call, req: LLMRequest) -> LLMResponse:
-            try:
-                resp = await client.complete(req)
-            except ContextOverflow as exc:
-                raise ContextOverflow(overflow_message(cell, qid, round_no, call, exc)) from None
-            crashpoint("generate.call")
-            progress.advance("generate calls", 1)
-            return resp
-
-        return await asyncio.gather(*(one(qid, call, req) for qid, _, call, req in planned))
-
-    responses = run_on_engine(run_all()) if planned else []
-    rows = generation_rows(spec, reader, retriever_name, round_no, stage_key, planned, responses, client, strategy,
-                           reader.version_for(settings))
+    client = llm_client_for(spec, base_url, run.store_root, logprobs_base_url)
+    responses = run_on_engine(complete_all(client, planned, stage)) if planned else []
+    rows = generation_rows(spec, reader, stage.retriever, stage.round_no, stage.key, planned, responses, client,
+                           stage.strategy, reader.version_for(settings))
     segment = store.write("generations", new_events("generations", spec.name, rows)) if rows else None
-    counters = client.counters.as_stage_counters()
-    seg = str(segment) if segment else None
-    return StageResult(f"generate round {round_no}", cell, stage_key, seg, len(rows), run_token, counters)
+    return stage.result(run, segment, len(rows), client.counters.as_stage_counters())
 
 
-generate_round_task = stage_task("generate-round", run_generate_round)
+async def complete_all(client: LLMClient, planned: list[tuple[str, int, Call, LLMRequest]],
+                       stage: GenerateStage) -> list[LLMResponse]:
+    """Every planned call, concurrently; progress per finished call, so a long shard shows movement."""
+
+    async def one(qid: str, call: Call, req: LLMRequest) -> LLMResponse:
+        try:
+            resp = await client.complete(req)
+        except ContextOverflow as exc:
+            raise ContextOverflow(overflow_message(stage.cell.name, qid, stage.round_no, call, exc)) from None
+        crashpoint("generate.call")
+        progress.advance("generate calls", 1)
+        return resp
+
+    return await asyncio.gather(*(one(qid, call, req) for qid, _, call, req in planned))
+
+
+generate_round_task = stage_task(GenerateStage, run_generate_round)

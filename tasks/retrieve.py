@@ -12,8 +12,9 @@ from ragledger import progress
 from ragledger.crash import crashpoint
 from ragledger.llm import LLMClient, LLMRequest, LLMResponse, run_on_engine
 from schemas.spec import ExperimentSpec
-from tasks.context import StageResult, llm_client_for, read_questions, retriever_for, spec_from, stage_task, store_from
+from tasks.context import llm_client_for, retriever_for, stage_task
 from tasks.retrievers import Hit, LLMFn, LLMPrompt, Query, Retriever
+from tasks.stages import RetrieveStage, RunContext, StageResult
 from tracking.events import event_id, new_events
 
 
@@ -54,24 +55,21 @@ def retrieval_llm(spec: ExperimentSpec, client: LLMClient) -> LLMFn:
     return run
 
 
-def run_retrieve(spec_dict: dict, store_root: str, questions_segment: str, retriever_name: str, qids: list[str], stage_key: str,
-                 run_token: str, base_url: str = "") -> StageResult:
-    spec = spec_from(spec_dict)
-    store = store_from(store_root)
-    questions = read_questions(store, questions_segment, qids)
-    retriever = retriever_for(spec, retriever_name, store_root)
+def run_retrieve(run: RunContext, stage: RetrieveStage, base_url: str = "") -> StageResult:
+    spec, store = run.spec(), run.store()
+    questions = run.questions(store, stage.qids)
+    retriever = retriever_for(spec, stage.retriever, run.store_root)
     queries = [Query(r.qid, r.question, tuple(r.gold_pids), tuple(r.answers)) for r in questions.itertuples()]
-    client = llm_client_for(spec, base_url, store_root) if retriever.needs_llm else None
+    client = llm_client_for(spec, base_url, run.store_root) if retriever.needs_llm else None
     results = retriever.retrieve(queries, retrieval_llm(spec, client) if client else None)
-    rows = retrieval_rows(spec.name, retriever, stage_key, results)
+    rows = retrieval_rows(spec.name, retriever, stage.key, results)
     crashpoint("retrieve.done")
     segment = store.write("retrievals", new_events("retrievals", spec.name, rows)) if rows else None
-    progress.advance("retrieve questions", len(qids))
-    counters = client.counters.as_stage_counters() if client is not None else {}
-    return StageResult("retrieve", retriever_name, stage_key, str(segment) if segment else None, len(rows), run_token, counters)
+    progress.advance("retrieve questions", len(stage.qids))
+    return stage.result(run, segment, len(rows), client.counters.as_stage_counters() if client is not None else {})
 
 
-retrieve_task = stage_task("retrieve", run_retrieve)
+retrieve_task = stage_task(RetrieveStage, run_retrieve)
 
 
 def passages_by_question(retrievals: pd.DataFrame) -> dict[str, list[tuple[str, str]]]:

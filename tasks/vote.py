@@ -2,42 +2,32 @@
 
 from __future__ import annotations
 
-from tasks.context import StageResult, cell_name, read_questions, spec_from, stage_task, store_from
+from tasks.context import stage_task
 from tasks.generate import history_by_question, reader_inputs
 from tasks.readers import get_reader, settings_for
+from tasks.stages import RunContext, StageResult, VoteStage
 from tracking.events import event_id, new_events
 
 
-def run_vote(
-    spec_dict: dict,
-    store_root: str, questions_segment: str,
-    retriever_name: str,
-    strategy: str,
-    qids: list[str],
-    retrieval_segments: list[str | None],
-    generation_segments: list[str | None],
-    stage_key: str,
-    run_token: str,
-) -> StageResult:
-    spec = spec_from(spec_dict)
-    store = store_from(store_root)
-    entry = spec.reader_entry(strategy)
+def run_vote(run: RunContext, stage: VoteStage, retrieval_segments: list[str | None],
+             generation_segments: list[str | None]) -> StageResult:
+    spec, store = run.spec(), run.store()
+    entry = spec.reader_entry(stage.strategy)
     reader = get_reader(entry.name)
     settings = settings_for(entry)
-    questions = read_questions(store, questions_segment, qids)
+    questions = run.questions(store, stage.qids)
     retrievals = store.read("retrievals", paths=[p for p in retrieval_segments if p])
     history = history_by_question(store.read("generations", paths=[p for p in generation_segments if p]))
-    cell = cell_name(retriever_name, strategy, spec.model.display_name)
     rows = []
-    for item in reader_inputs(questions, retrievals[retrievals["qid"].isin(qids)]):
+    for item in reader_inputs(questions, retrievals[retrievals["qid"].isin(stage.qids)]):
         d = reader.decide(item, history.get(item.qid, []), settings)
         rows.append(
             {
-                "event_id": event_id("votes", spec.name, stage_key, item.qid),
-                "cell": cell,
+                "event_id": event_id("votes", spec.name, stage.key, item.qid),
+                "cell": stage.cell.name,
                 "qid": item.qid,
-                "retriever": retriever_name,
-                "strategy": strategy,
+                "retriever": stage.retriever,
+                "strategy": stage.strategy,
                 "method": d.method,
                 "candidates": list(d.candidates),
                 "scores": [float(s) for s in d.scores],
@@ -45,7 +35,7 @@ def run_vote(
             }
         )
     segment = store.write("votes", new_events("votes", spec.name, rows)) if rows else None
-    return StageResult("vote", cell, stage_key, str(segment) if segment else None, len(rows), run_token, {})
+    return stage.result(run, segment, len(rows))
 
 
-vote_task = stage_task("vote", run_vote)
+vote_task = stage_task(VoteStage, run_vote)

@@ -1,0 +1,280 @@
+"""The contract of every stage task: what it is called, its version, its typed inputs and its cache key, in one place.
+
+A stage is a frozen dataclass. Its fields are the task's inputs known before the run (upstream results' segments are
+passed beside it, as they exist only once the upstream task finished); `key` hashes the fields that determine its
+records, chained from the upstream stage's key, so a changed input re-runs that stage and everything downstream, and
+an identical rerun reads every result from the cache. Adding an input is one field here (and its use in `key` when it
+changes the records). The key formulas are fixed: existing stores and Prefect's persisted results are found by them
+(tests/test_plan_pinning.py pins them).
+
+Nothing here imports Prefect: flows/plan.py builds every stage of a run without it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any, ClassVar
+
+from ragledger.cell import Cell
+from schemas.spec import ExperimentSpec
+from tracking.events import EventStore, stable_hash
+
+# the flow version the first key of every chain carries (filter, retrieve): bumping it re-runs every stage
+KEY_VERSION = "1"
+EVALUATE_VERSION = "eval-3"  # eval-3: final-round context, gold_in_retrieval, one-answer pools
+FILTER_VERSION = "closed-book-filter-1"
+FILTER_RETRIEVER = "none"
+FILTER_STRATEGY = "closed_book_filter"
+
+
+@dataclass(frozen=True)
+class StageResult:
+    """What a stage task returns (and Prefect persists): where its records went, and its counters. Results persisted
+    before this module existed name it tasks.context.StageResult, which still resolves (tasks/context.py)."""
+
+    stage: str
+    cell: str
+    shard: str  # the stage's key
+    segment: str | None
+    rows: int
+    run_token: str  # the run that executed the task; differs from the current run on a cache hit
+    counters: dict[str, int]
+    pid: int = field(default_factory=os.getpid)  # the process that ran it: the flow's, or a Dask worker's
+
+    def segment_exists(self) -> bool:
+        return self.segment is None or Path(self.segment).exists()
+
+
+def shard_id(qids: Sequence[str]) -> str:
+    return stable_hash("shard", list(qids), length=12)
+
+
+def backend_identity(spec: ExperimentSpec, base_url: str) -> str:
+    """Identity of the model behind the endpoint, for the LLM-call cache key."""
+    if spec.model.backend == "embedded":
+        from ragledger.models import BUNDLED_MODELS
+
+        return f"embedded:{BUNDLED_MODELS[spec.model.embedded_model].sha256}"
+    return f"openai-compatible:{base_url}"
+
+
+def model_identity(spec: ExperimentSpec) -> dict[str, Any]:
+    """What the stage keys know of the model: the spec's endpoint (not a --base-url given at run time) and sampling."""
+    m = spec.model
+    return {"backend": backend_identity(spec, m.base_url or ""),
+            "name": m.name if m.backend == "openai" else m.embedded_model, "temperature": m.temperature,
+            "top_p": m.top_p, "max_tokens": m.max_tokens, "seed": m.seed}
+
+
+def model_key(spec: ExperimentSpec) -> str:
+    return stable_hash(model_identity(spec))
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What every task of one run shares: the spec (as a dict: tasks rebuild everything from small inputs, so the
+    same code runs on Dask workers), the store, the run's questions segment and the token that tells this run's
+    task runs from cached ones."""
+
+    spec_dict: dict[str, Any]
+    store_root: str
+    questions_segment: str
+    run_token: str
+
+    def spec(self) -> ExperimentSpec:
+        return ExperimentSpec.model_validate(self.spec_dict)
+
+    def store(self) -> EventStore:
+        return EventStore(self.store_root)
+
+    def questions(self, store: EventStore, qids: Sequence[str]):
+        """The shard's questions, in shard order."""
+        q = store.read("questions", paths=[self.questions_segment])
+        q = q[q["qid"].isin(qids)].set_index("qid")
+        return q.loc[[x for x in qids if x in q.index]].reset_index()
+
+
+class Stage:
+    """Base of the stage dataclasses: `task_name` names the Prefect task, `stage` the pipeline stage (progress,
+    stage_seconds), `key` is the cache key, `cell_label` what its StageResult names."""
+
+    task_name: ClassVar[str]
+    stage: ClassVar[str]
+    qids: tuple[str, ...]
+
+    @property
+    def key(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def cell_label(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def result_stage(self) -> str:
+        return self.stage
+
+    @property
+    def calls_model(self) -> bool:
+        """Whether running it (not reading it from the cache) calls the model."""
+        return False
+
+    def result(self, run: RunContext, segment: Path | str | None, rows: int, counters: dict[str, int] | None = None):
+        """The task's one result type: where its records went, and its counters."""
+        return StageResult(self.result_stage, self.cell_label, self.key, str(segment) if segment else None, rows,
+                           run.run_token, counters or {})
+
+
+@dataclass(frozen=True)
+class FilterStage(Stage):
+    """Seed 001's closed-book filter over one shard of the sampled questions (tasks/closed_book_filter.py)."""
+
+    task_name: ClassVar[str] = "closed-book-filter"
+    stage: ClassVar[str] = "closed-book filter"
+    version: ClassVar[str] = FILTER_VERSION
+
+    dataset_key: str
+    model_key: str
+    prompt_version: str  # the Concatenation prompt's (Fig. 7)
+    model: str  # the model's display name, for the cell
+    qids: tuple[str, ...]
+
+    @cached_property
+    def key(self) -> str:
+        return stable_hash("closed-book-filter", KEY_VERSION, self.dataset_key, self.version, self.prompt_version,
+                           self.model_key, shard_id(self.qids))
+
+    @property
+    def cell_label(self) -> str:
+        return Cell(FILTER_RETRIEVER, FILTER_STRATEGY, self.model).name
+
+    @property
+    def calls_model(self) -> bool:
+        return True
+
+
+@dataclass(frozen=True)
+class RetrieveStage(Stage):
+    task_name: ClassVar[str] = "retrieve"
+    stage: ClassVar[str] = "retrieve"
+
+    dataset_key: str
+    corpus_hash: str  # "" for a retriever without a corpus
+    retriever: str
+    code_version: str  # the retriever's
+    qids: tuple[str, ...]
+    store_root: str  # resolved: the index's place is part of what a result depends on
+    model_key: str | None = None  # only a retriever that calls the model (compression, parametric) has one
+
+    @cached_property
+    def key(self) -> str:
+        return stable_hash("retrieve", KEY_VERSION, self.dataset_key, self.corpus_hash, self.retriever, self.code_version,
+                           shard_id(self.qids), self.store_root, *([self.model_key] if self.model_key else []))
+
+    @property
+    def cell_label(self) -> str:
+        return self.retriever
+
+    @property
+    def calls_model(self) -> bool:
+        return self.model_key is not None
+
+
+@dataclass(frozen=True)
+class GenerateStage(Stage):
+    """One round of a cell's reader over one shard."""
+
+    task_name: ClassVar[str] = "generate-round"
+    stage: ClassVar[str] = "generate"
+
+    upstream: str  # the retrieve key (round 1) or the previous round's
+    cell: Cell
+    round_no: int
+    prompt_version: str  # the reader's template version under this entry's settings
+    model_key: str
+    settings: tuple[dict[str, Any], ...]  # () for a plain reader name: such entries keep the keys they had
+    qids: tuple[str, ...]
+
+    @cached_property
+    def key(self) -> str:
+        return stable_hash("generate", self.upstream, self.strategy, self.prompt_version, self.model_key, self.round_no,
+                           *self.settings)
+
+    @property
+    def retriever(self) -> str:
+        return self.cell.retriever
+
+    @property
+    def strategy(self) -> str:
+        return self.cell.reader
+
+    @property
+    def cell_label(self) -> str:
+        return self.cell.name
+
+    @property
+    def result_stage(self) -> str:
+        return f"generate round {self.round_no}"
+
+    @property
+    def calls_model(self) -> bool:
+        return True
+
+
+@dataclass(frozen=True)
+class VoteStage(Stage):
+    task_name: ClassVar[str] = "vote"
+    stage: ClassVar[str] = "vote"
+
+    upstream: str  # the last generate round's key
+    cell: Cell
+    vote_version: str  # the reader's decision rule
+    vote: str  # the entry's vote setting
+    qids: tuple[str, ...]
+
+    @cached_property
+    def key(self) -> str:
+        return stable_hash("vote", self.upstream, self.vote_version, self.vote)
+
+    @property
+    def retriever(self) -> str:
+        return self.cell.retriever
+
+    @property
+    def strategy(self) -> str:
+        return self.cell.reader
+
+    @property
+    def cell_label(self) -> str:
+        return self.cell.name
+
+
+@dataclass(frozen=True)
+class EvaluateStage(Stage):
+    task_name: ClassVar[str] = "evaluate"
+    stage: ClassVar[str] = "evaluate"
+    version: ClassVar[str] = EVALUATE_VERSION
+
+    upstream: str  # the vote's key
+    cell: Cell
+    qids: tuple[str, ...]
+
+    @cached_property
+    def key(self) -> str:
+        return stable_hash("evaluate", self.upstream, self.version)
+
+    @property
+    def retriever(self) -> str:
+        return self.cell.retriever
+
+    @property
+    def strategy(self) -> str:
+        return self.cell.reader
+
+    @property
+    def cell_label(self) -> str:
+        return self.cell.name
