@@ -18,6 +18,7 @@ import typer
 from typer.testing import CliRunner
 
 from tests.fakes.openai_server import ScriptedServer
+from tests.test_mlflow_postgres import mlflow_server  # noqa: F401  (the PostgreSQL-backed server fixture)
 from tests.test_reliability import cli, make_data, reader, write_spec
 from tracking.events import EventStore
 from tracking.executions import latest_execution, load_outcomes
@@ -246,3 +247,22 @@ def test_pull_errors_are_one_line(shared, tmp_path):
         line = one_error_line(result.output)
         assert expected in line, (what, line)
         assert "hunter22" not in result.output
+
+
+def test_pull_from_the_mlflow_server_on_postgresql(tmp_path, mlflow_server):  # noqa: F811 (the fixture)
+    """The lab's setup: a run logs through the MLflow server (PostgreSQL backend, proxied artifacts); another store
+    pulls it over HTTP and has the same outcomes; a second pull downloads nothing."""
+    url, _ = mlflow_server
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    make_data(ws, 6)
+    with ScriptedServer(answer=reader) as model:
+        spec = write_spec(ws, model.base_url, name=EXPERIMENT)
+        proc = cli(ws, "run", str(spec), "--store", str(ws / "A"), env={"MLFLOW_TRACKING_URI": url})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    r = pull(EXPERIMENT, tmp_path / "B", url)
+    assert len(r.pulled) == 1 and r.downloaded > 0 and r.calls_added > 0
+    pd.testing.assert_frame_equal(outcomes(tmp_path / "B"), outcomes(ws / "A"))
+    assert latest_execution(tmp_path / "B", EXPERIMENT)["summary"]["tracking_uri"] == url
+    again = pull(EXPERIMENT, tmp_path / "B", url)
+    assert again.nothing_new and again.downloaded == 0
