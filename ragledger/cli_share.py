@@ -22,6 +22,29 @@ MlflowUriOpt = Annotated[str | None, typer.Option(
     help="MLflow tracking URI to pull from (default: the embedded store .ragledger/mlflow.db)")]
 
 
+# for the commands over stored records (query, errors, flips, hardest, analyze, trace): where to pull an experiment
+# from when the local store lacks it; no default, so without it (or MLFLOW_TRACKING_URI) nothing is pulled
+MlflowPullOpt = Annotated[str | None, typer.Option(
+    "--mlflow-uri", envvar="MLFLOW_TRACKING_URI", show_envvar=True,
+    help="pull the experiment from this MLflow first when the store lacks it (ragledger pull)")]
+
+
+def pull_if_missing(experiment: str | None, store: str, mlflow_uri: str | None) -> None:
+    """Bring `experiment` from MLflow into `store` when the store lacks it (tracking.mlflow_pull.ensure_local); what
+    it did goes to stderr, so a command's CSV or JSON on stdout stays clean; a failed pull is one error line."""
+    if not experiment:
+        return
+    from tracking.mlflow_pull import PullError, ensure_local
+
+    try:
+        r = ensure_local(experiment, store, mlflow_uri, log=lambda line: err.print(escape(line), highlight=False))
+    except PullError as exc:
+        _fail(str(exc))
+    if r is not None and r.pulled:
+        err.print(f"pulled {escape(experiment)} from MLflow into {r.store} ({r.downloaded} artifact(s), "
+                  f"{r.calls_added} LLM call(s) into the call cache)", highlight=False)
+
+
 def _fail(message: str, code: int = 2) -> NoReturn:
     err.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
     raise typer.Exit(code)

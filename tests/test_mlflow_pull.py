@@ -17,6 +17,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from ragledger.cli_share import DEFAULT_STORE, MlflowPullOpt, pull_if_missing
 from tests.fakes.openai_server import ScriptedServer
 from tests.test_mlflow_postgres import mlflow_server  # noqa: F401  (the PostgreSQL-backed server fixture)
 from tests.test_reliability import cli, make_data, reader, write_spec
@@ -266,3 +267,31 @@ def test_pull_from_the_mlflow_server_on_postgresql(tmp_path, mlflow_server):  # 
     assert latest_execution(tmp_path / "B", EXPERIMENT)["summary"]["tracking_uri"] == url
     again = pull(EXPERIMENT, tmp_path / "B", url)
     assert again.nothing_new and again.downloaded == 0
+
+
+def test_an_analysis_command_with_the_two_added_lines_pulls_what_it_lacks(shared, tmp_path, monkeypatch):
+    """The lines each analysis command gains (an --mlflow-uri option and pull_if_missing before it reads the store),
+    in a command of the same shape: an empty store is filled from MLflow and the CSV on stdout stays clean."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    app = typer.Typer()
+
+    @app.command()
+    def errors(experiment: str, store: str = DEFAULT_STORE, mlflow_uri: MlflowPullOpt = None) -> None:
+        pull_if_missing(experiment, store, mlflow_uri)
+        df = load_outcomes(store, experiment, latest_execution(store, experiment))
+        typer.echo(df[KEY].sort_values(["cell", "qid"]).to_csv(index=False), nl=False)
+
+    @app.command()
+    def other() -> None:  # a second command, so typer keeps command names
+        pass
+
+    runner = CliRunner()
+    b = tmp_path / "B"
+    got = runner.invoke(app, ["errors", EXPERIMENT, "--store", str(b), "--mlflow-uri", shared["uri"]])
+    assert got.exit_code == 0, got.output
+    assert got.stdout == outcomes(shared["ws"] / "A").to_csv(index=False)
+    assert "pulled share from MLflow" in got.stderr
+    again = runner.invoke(app, ["errors", EXPERIMENT, "--store", str(b)], env={"MLFLOW_TRACKING_URI": "http://127.0.0.1:9"})
+    assert again.exit_code == 0 and again.stderr == "", again.output  # present: MLflow not asked
+    missing = runner.invoke(app, ["errors", "nope", "--store", str(b)], env={"MLFLOW_TRACKING_URI": shared["uri"]})
+    assert missing.exit_code == 2 and one_error_line(missing.stderr).endswith("has no run of experiment 'nope'")
