@@ -86,6 +86,12 @@ def test_pull_rebuilds_the_store_and_a_second_pull_downloads_nothing(shared, tmp
     again = CliRunner().invoke(share_app(), ["pull", EXPERIMENT, "--mlflow-uri", shared["uri"], "--store", str(b)])
     assert again.exit_code == 0, again.output
     assert "nothing new to pull" in again.output and "(0 downloaded)" in again.output
+    gone = EventStore(b).segments("votes", EXPERIMENT)[0]
+    gone.unlink()  # a segment deleted since: only it is downloaded again
+    repaired = pull(EXPERIMENT, b, shared["uri"])
+    assert repaired.pulled and repaired.downloaded == 2 and gone.is_file()  # the segment and the call pack
+    assert repaired.calls_added == 0
+    assert not EventStore(b).verify()[1]
 
 
 def test_rerun_from_a_pulled_store_makes_no_model_call(shared, tmp_path):
@@ -295,3 +301,31 @@ def test_an_analysis_command_with_the_two_added_lines_pulls_what_it_lacks(shared
     assert again.exit_code == 0 and again.stderr == "", again.output  # present: MLflow not asked
     missing = runner.invoke(app, ["errors", "nope", "--store", str(b)], env={"MLFLOW_TRACKING_URI": shared["uri"]})
     assert missing.exit_code == 2 and one_error_line(missing.stderr).endswith("has no run of experiment 'nope'")
+
+
+def test_a_view_that_cannot_be_made_is_left_out_and_the_execution_still_logged(shared, tmp_path, monkeypatch):
+    """A manifest whose store lacks its segments and call cache (synced from elsewhere), and a defect building a
+    view: the parent and cell runs are still logged and FINISHED, without those views; nothing stays pending."""
+    from mlflow import MlflowClient
+
+    import tracking.mlflow_log as ml
+    from tracking.mlflow_sync import log_execution
+
+    record = json.loads(Path(shared["summary"]["manifest"]).read_text())
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    gone = json.loads(json.dumps(record).replace(str(shared["ws"] / "A"), str(tmp_path / "nowhere")))
+    first = log_execution(uri, "no-store", gone, tmp_path / "nowhere")
+
+    def broken(*args, **kwargs):
+        raise KeyError("prediction")
+
+    monkeypatch.setattr(ml, "outcomes_table", broken)
+    second = log_execution(uri, "broken-view", record, shared["ws"] / "A")
+    client = MlflowClient(tracking_uri=uri)
+    for logged, has_pack in ((first, False), (second, True)):
+        parent = client.get_run(logged["parent"])
+        assert parent.info.status == "FINISHED"
+        assert ("callpack" in {f.path for f in client.list_artifacts(logged["parent"])}) == has_pack
+        for run_id in logged["cells"].values():
+            assert client.get_run(run_id).info.status == "FINISHED"
+            assert "outcomes_table.json" not in {f.path for f in client.list_artifacts(run_id)}

@@ -160,8 +160,8 @@ def _pull(experiment: str, store: Path, tracking_uri: str, result: PullResult, s
     _check_run_schema_versions(parents)
     todo: list[_Execution] = []
     for parent in parents:
-        name = parent.data.tags.get(EXECUTION_TAG) or f"mlflow-{parent.info.run_id}"
-        if (store / "runs" / experiment / f"{name}.json").exists():
+        name = parent.data.tags.get(EXECUTION_TAG) or _untagged_name(parent)
+        if _complete_locally(store / "runs" / experiment / f"{name}.json"):
             result.present.append(name)
             continue
         todo.append(_Execution(name, parent, _cell_runs(client, parent), store / PULL_DIR / experiment / name))
@@ -178,6 +178,29 @@ def _pull(experiment: str, store: Path, tracking_uri: str, result: PullResult, s
         say(f"{ex.name}: {len(ex.segments)} segment(s), {len(ex.cells)} cell(s) in {store}")
     with contextlib.suppress(OSError):
         (store / PULL_DIR / experiment).rmdir()  # empty once every execution moved in
+
+
+def _untagged_name(parent: Any) -> str:
+    """An execution logged before runs carried their execution id: named as the flow names manifests (start time
+    first, so `latest_execution` orders it among the others) after its parent run."""
+    import time
+
+    started = time.strftime("%Y%m%dT%H%M%S", time.gmtime((parent.info.start_time or 0) / 1000))
+    return f"{started}-mlflow-{parent.info.run_id[:8]}"
+
+
+def _complete_locally(manifest: Path) -> bool:
+    """The store has the execution: its manifest, and every segment the manifest lists (one deleted since, or
+    never there, makes the execution pulled again; only what is missing is downloaded)."""
+    if not manifest.is_file():
+        return False
+    try:
+        record = json.loads(manifest.read_text())
+    except (OSError, ValueError):
+        return False
+    files = [f for kinds in record.get("segments", {}).values() for fs in kinds.values() for f in fs]
+    files += record.get("closed_book_filter_segments") or []
+    return all(Path(f).is_file() for f in files if f)
 
 
 def _parent_runs(client: Any, experiment: str, shown_uri: str | None) -> list[Any]:

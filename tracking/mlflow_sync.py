@@ -18,7 +18,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-from collections.abc import Iterator
+import logging
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -326,7 +327,11 @@ def portable_manifest(record: dict[str, Any], store_root: Path | None) -> dict[s
 
 
 class ExecutionViews:
-    """Provenance tags and MLflow-native views of one execution, read from its store (each read at most once)."""
+    """Provenance tags and MLflow-native views of one execution, read from its store (each read at most once).
+
+    What they are made of is read best-effort: a store that lacks a segment or a call cache (a manifest synced from
+    elsewhere), or a defect here, leaves that view out (logged as a warning in the run log) rather than keeping the
+    execution's MLflow logging pending forever. The MLflow calls themselves raise as the rest of the logging does."""
 
     def __init__(self, spec: Any, record: dict[str, Any], store_root: Path | None):
         self.spec, self.record, self.store_root = spec, record, store_root
@@ -339,12 +344,23 @@ class ExecutionViews:
         found = {Path(f) for c in cells for f in self.record.get("segments", {}).get(c, {}).get(kind, []) if f}
         return sorted(p for p in found if p.exists())
 
+    def _prepared(self, what: str, make: Callable[[], Any]) -> Any:
+        try:
+            return make()
+        except Exception as exc:  # a view left out, not the execution's logging
+            logging.getLogger(__name__).warning("MLflow %s of %s left out: %s: %s", what, self.spec.name,
+                                                type(exc).__name__, exc)
+            return None
+
     def questions(self):
         if self._questions is None:
             from tracking.events import EventStore
 
-            paths = self._segments("questions")
-            self._questions = EventStore(self.store_root or ".").read("questions", paths=paths) if paths else None
+            def read():
+                paths = self._segments("questions")
+                return EventStore(self.store_root or ".").read("questions", paths=paths) if paths else None
+
+            self._questions = self._prepared("questions", read)
         return self._questions
 
     def provenance(self) -> dict[str, str]:
@@ -358,16 +374,19 @@ class ExecutionViews:
             spec = self.spec
             tags = {"ragledger.version": ragledger.__version__, "ragledger.schema_version": str(SCHEMA_VERSION),
                     "ragledger.spec_hash": self.record["summary"]["spec_hash"], "ragledger.model": spec.model.display_name,
-                    "ragledger.model_identity": _model_identity(spec, redact_url),
                     "ragledger.sampling": json.dumps({"temperature": spec.model.temperature, "top_p": spec.model.top_p,
                                                       "max_tokens": spec.model.max_tokens, "seed": spec.model.seed})}
+            identity = self._prepared("model identity", lambda: _model_identity(spec, redact_url))
+            if identity:
+                tags["ragledger.model_identity"] = identity
             q = self.questions()
-            if q is not None and not q.empty:
-                tags["ragledger.dataset_hash"] = questions_digest(q)
-            corpus = _corpus_hash(spec)
+            digest = self._prepared("dataset hash", lambda: questions_digest(q)) if q is not None and len(q) else None
+            if digest:
+                tags["ragledger.dataset_hash"] = digest
+            corpus = self._prepared("corpus hash", lambda: _corpus_hash(spec))
             if corpus:
                 tags["ragledger.corpus_hash"] = corpus
-            tags.update(git_provenance())
+            tags.update(self._prepared("git provenance", git_provenance) or {})
             self._provenance = tags
         return self._provenance
 
@@ -375,14 +394,14 @@ class ExecutionViews:
         """The questions as the run's dataset input: the runs table's Dataset column (name, digest)."""
         from tracking.mlflow_log import log_dataset_input, questions_dataset
 
-        q = self.questions()
-        if q is None or q.empty:
-            return
         if self._dataset is None:
-            ds = self.spec.dataset
-            self._dataset = questions_dataset(q, f"{ds.name}:{Path(ds.path).name if ds.path else 'default'}",
-                                              str(ds.path or ds.name))
-        log_dataset_input(logger, run_id, self._dataset, context)
+            q, ds = self.questions(), self.spec.dataset
+            if q is None or q.empty:
+                return
+            name = f"{ds.name}:{Path(ds.path).name if ds.path else 'default'}"
+            self._dataset = self._prepared("dataset input", lambda: questions_dataset(q, name, str(ds.path or ds.name)))
+        if self._dataset is not None:
+            log_dataset_input(logger, run_id, self._dataset, context)
 
     def log_outcomes(self, logger: Any, run_id: str, cell: str) -> None:
         """The cell's per-example outcomes as an MLflow table (question, gold, prediction, EM, F1, error type)."""
@@ -392,8 +411,10 @@ class ExecutionViews:
         paths, q = self._segments("outcomes", cell), self.questions()
         if not paths or q is None:
             return
-        outcomes = EventStore(self.store_root or ".").read("outcomes", paths=paths)
-        log_table(logger, run_id, outcomes_table(outcomes, q), "outcomes_table.json")
+        table = self._prepared(f"outcome table of {cell}", lambda: outcomes_table(
+            EventStore(self.store_root or ".").read("outcomes", paths=paths), q))
+        if table is not None:
+            log_table(logger, run_id, table, "outcomes_table.json")
 
     def log_callpack(self, logger: Any, run_id: str, execution: str) -> None:
         """The execution's LLM calls, from the store's call cache, as one artifact (tracking/callpack.py). Calls made
@@ -401,25 +422,33 @@ class ExecutionViews:
         import tempfile
 
         from tracking import callpack
-        from tracking.llm_cache import LLMCallCache
 
         cache_file = callpack.cache_path(self.store_root) if self.store_root is not None else None
         if cache_file is None or not cache_file.exists():
             return
-        segs = self._segments("generations") + [Path(f) for f in self.record.get("closed_book_filter_segments") or []]
-        calls = callpack.calls_of_segments(segs)
-        if not calls:
+        data = self._prepared("call pack", lambda: self._callpack(cache_file, execution))
+        if data is None:
             return
-        cache = LLMCallCache(cache_file)
-        try:
-            data, _ = callpack.build(cache, calls, {"experiment": self.spec.name, "execution": execution,
-                                                    "model_identity": self.provenance()["ragledger.model_identity"]})
-        finally:
-            cache.close()
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / Path(callpack.ARTIFACT).name
             path.write_bytes(data)
             logger.log_artifacts(run_id, [path], str(Path(callpack.ARTIFACT).parent))
+
+    def _callpack(self, cache_file: Path, execution: str) -> bytes | None:
+        from tracking import callpack
+        from tracking.llm_cache import LLMCallCache
+
+        segs = self._segments("generations") + [Path(f) for f in self.record.get("closed_book_filter_segments") or []]
+        calls = callpack.calls_of_segments(segs)
+        if not calls:
+            return None
+        cache = LLMCallCache(cache_file)
+        try:
+            data, _ = callpack.build(cache, calls, {"experiment": self.spec.name, "execution": execution,
+                                                    "model_identity": self.provenance().get("ragledger.model_identity")})
+        finally:
+            cache.close()
+        return data
 
 
 def _model_identity(spec: Any, redact) -> str:
