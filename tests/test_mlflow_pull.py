@@ -329,3 +329,50 @@ def test_a_view_that_cannot_be_made_is_left_out_and_the_execution_still_logged(s
         for run_id in logged["cells"].values():
             assert client.get_run(run_id).info.status == "FINISHED"
             assert "outcomes_table.json" not in {f.path for f in client.list_artifacts(run_id)}
+
+
+def test_a_run_logged_before_the_manifest_artifact_is_pulled_from_its_cell_runs(shared, tmp_path):
+    """Runs logged by an earlier ragledger have no ragledger/manifest.json, call pack or execution tag: the manifest
+    is rebuilt from the cell runs' record artifacts, spec.yaml and analysis/summary.json."""
+    from mlflow import MlflowClient
+
+    from tracking.mlflow_sync import EXECUTION_TAG
+
+    client = MlflowClient(tracking_uri=shared["uri"])
+    parent = client.get_run(shared["summary"]["mlflow_parent_run_id"])
+    art = Path(parent.info.artifact_uri.removeprefix("file://"))
+    aside = tmp_path / "aside"
+    aside.mkdir()
+    execution = parent.data.tags[EXECUTION_TAG]
+    try:
+        for d in ("ragledger", "callpack"):
+            shutil.move(art / d, aside / d)
+        client.delete_tag(parent.info.run_id, EXECUTION_TAG)
+        b = tmp_path / "B"
+        r = pull(EXPERIMENT, b, shared["uri"])
+        assert r.pulled == [f"{r.pulled[0][:15]}-mlflow-{parent.info.run_id[:8]}"] and r.calls_added == 0
+        pd.testing.assert_frame_equal(outcomes(b), outcomes(shared["ws"] / "A"))
+        manifest = latest_execution(b, EXPERIMENT)
+        assert manifest["rebuilt_from_runs"] and set(manifest["summary"]["cells"]) == set(shared["summary"]["cells"])
+        assert manifest["summary"]["mlflow_parent_run_id"] == parent.info.run_id
+        assert not EventStore(b).verify()[1]
+        assert pull(EXPERIMENT, b, shared["uri"]).nothing_new
+    finally:
+        client.set_tag(parent.info.run_id, EXECUTION_TAG, execution)
+        for d in ("ragledger", "callpack"):
+            if (aside / d).exists():
+                shutil.move(aside / d, art / d)
+
+
+def test_runs_tagged_with_another_schema_version_are_refused_before_any_download(shared, tmp_path):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=shared["uri"])
+    run_id = shared["summary"]["mlflow_parent_run_id"]
+    try:
+        client.set_tag(run_id, "ragledger.schema_version", "9")
+        with pytest.raises(PullError, match=f"run {run_id} holds records of schema version 9; this ragledger reads"):
+            pull(EXPERIMENT, tmp_path / "B", shared["uri"])
+        assert not (tmp_path / "B" / ".pull" / EXPERIMENT).exists() or not any((tmp_path / "B" / ".pull" / EXPERIMENT).iterdir())
+    finally:
+        client.set_tag(run_id, "ragledger.schema_version", "1")
