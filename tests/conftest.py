@@ -19,7 +19,7 @@ def data_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def prefect_harness(tmp_path_factory):
-    """One temporary Prefect API (SQLite) for the session, with task results persisted under tmp."""
+    """One temporary Prefect API (SQLite) for the whole pytest run, with task results persisted under tmp."""
     home = tmp_path_factory.mktemp("prefect")
     os.environ["PREFECT_HOME"] = str(home)
     os.environ["PREFECT_LOCAL_STORAGE_PATH"] = str(home / "storage")

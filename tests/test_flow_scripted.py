@@ -160,7 +160,7 @@ def test_faulty_backend_gives_same_results(workspace, prefect_harness):
     readers = ("concatenation", {"name": "post_fusion", "samples": 6})
     with ScriptedServer(answer=answer_from_context) as clean:
         baseline = run_flow(make_spec(workspace, clean.base_url, readers=readers))
-    # the rates: 20% HTTP 500, 5% 429 with Retry-After, 5% hangs past the client timeout, 2% malformed
+    # the injected fault rates: 20% HTTP 500, 5% 429 with Retry-After, 5% hangs past the client timeout, 2% malformed
     # bodies, 2% empty completions
     faults = Faults(http_500=0.2, http_429=0.05, hang=0.05, hang_s=4.0, malformed=0.02, empty=0.02, seed=FAULT_SEED)
     ws2 = workspace / "faulty"

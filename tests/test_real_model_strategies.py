@@ -3,7 +3,7 @@
 The scripted test server answers in well-formed text; a real model does not (odd candidate formats, "True." for
 validity, "Passage 1" in rankings, rationales that never reach "Answer:"). These runs take each strategy through
 the whole flow on two real SQuAD questions with the embedded llama.cpp model, so a parser or a vote that breaks
-on real output fails here. Both runs share one store and LLM-call cache per test session.
+on real output fails here. Both runs share one store and LLM-call cache per pytest run.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Soak: 20 experiments on one store and one MLflow database, 4 at a time and back to back, against a model server
-that injects faults at the issue's rates (20% HTTP 500, 5% 429 with Retry-After, 5% hangs past the client timeout,
+that injects faults at fixed rates (20% HTTP 500, 5% 429 with Retry-After, 5% hangs past the client timeout,
 2% malformed bodies).
 
 Four `ragledger run` processes start at once; each runs a sweep of five datasets, i.e. five experiments back to back

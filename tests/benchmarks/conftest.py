@@ -1,5 +1,5 @@
 """Benchmark results go to benchmark-results/<name>.json (git-ignored) as well as pytest-benchmark's own output,
-so the README's performance table can cite a file, not a terminal scroll-back."""
+so docs/performance.md can cite a file, not a terminal scroll-back."""
 
 from __future__ import annotations
 

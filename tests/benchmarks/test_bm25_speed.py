@@ -60,7 +60,7 @@ def test_ours_bm25_retrieve(benchmark, setup):
     assert len(result) == len(queries) and sum(len(h) for h in result.values()) >= 0.99 * K * len(queries)
     ours_min, ours_median = benchmark.stats.stats.min, benchmark.stats.stats.median
     if "pyserini" not in _stats:
-        pytest.skip("run with the Pyserini benchmark in the same session to get the ratio")
+        pytest.skip("run with the Pyserini benchmark in the same pytest run to get the ratio")
     py_min, py_median = _stats["pyserini"]
     ratio, median_ratio = ours_min / py_min, ours_median / py_median
     benchmark.extra_info.update({"pyserini_min_s": py_min, "pyserini_median_s": py_median, "ratio_vs_pyserini": ratio,

@@ -72,7 +72,7 @@ print(json.dumps({"calls": calls, "loop_s": time.perf_counter() - t}))
 
 
 def user_env() -> dict[str, str]:
-    """A shell's environment: no Prefect API or home from the test session, the bench key set."""
+    """A shell's environment: no Prefect API or home from the pytest process, the bench key set."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
     env["RAGLEDGER_BENCH_KEY"] = "unused"
     return env

@@ -2,7 +2,7 @@
 
 P1: an OpenAI-compatible test server answering after a fixed 100 ms with unlimited concurrency (separate
 process). Baseline: a bare asyncio `openai` loop at concurrency 64 making 10,000 calls (the client's default
-transport, as the issue defines it; and, stricter, the same loop on the aiohttp transport ragledger uses). Measured: the full
+transport, the loop a user would write; and, stricter, the same loop on the aiohttp transport ragledger uses). Measured: the full
 experiment flow (2,000 SQuAD dev questions, bm25@5, Post-Fusion = 10,000 calls, concurrency 64) against the
 same server: retrieval, every generate/vote/evaluate task, event writes, MLflow logging. Target:
 baseline time / flow time >= 0.90.
@@ -83,7 +83,7 @@ def baseline_prompts() -> list[str]:
 
 
 def test_p1_baseline_bare_asyncio_openai_loop(benchmark, latency_server):
-    """The issue's baseline: the openai client as a user would write the loop (its default httpx transport)."""
+    """The P1 baseline: the openai client as a user would write the loop (its default httpx transport)."""
     prompts = baseline_prompts()
     n = benchmark.pedantic(lambda: asyncio.run(bare_loop(latency_server, prompts)), rounds=1, iterations=1)
     assert n == CALLS
@@ -92,7 +92,7 @@ def test_p1_baseline_bare_asyncio_openai_loop(benchmark, latency_server):
 
 def test_p1_stricter_baseline_bare_loop_on_the_aiohttp_transport(benchmark, latency_server):
     """The same loop on the transport ragledger uses (openai's aiohttp one): what the flow's own overhead costs,
-    with the transport's gain taken out. Reported beside the issue's ratio."""
+    with the transport's gain taken out. Reported beside the P1 ratio."""
     prompts = baseline_prompts()
     n = benchmark.pedantic(lambda: asyncio.run(bare_loop(latency_server, prompts, aiohttp=True)), rounds=1, iterations=1)
     assert n == CALLS
