@@ -93,6 +93,25 @@ def test_every_paper_config_is_named_in_papers_md():
     assert not missing, missing
 
 
+def test_every_command_is_in_the_readme_table():
+    """A command added to the CLI gets its row in the README's command table (`name ...` or `group a|b|c`)."""
+    import typer.main
+
+    from ragledger.cli import app
+
+    rows = [re.split(r"(?<!\\)\|", line)[1].strip().strip("`") for line in README.read_text().splitlines()
+            if line.startswith("| `")]  # the first cell; `\|` inside a cell is not a column border
+    first_words = {row.split()[0] for row in rows if row}
+    missing = []
+    for name, command in typer.main.get_command(app).commands.items():
+        if name not in first_words:
+            missing.append(name)
+        for sub in getattr(command, "commands", {}) or {}:
+            if not any(row.startswith(f"{name} ") and sub in re.split(r"[\s|\\]+", row) for row in rows):
+                missing.append(f"{name} {sub}")
+    assert not missing, f"README.md's command table lacks {missing}"
+
+
 @pytest.fixture
 def registries():
     """The live registries, restored after a test adds to them."""
