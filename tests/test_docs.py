@@ -112,6 +112,19 @@ def test_every_command_is_in_the_readme_table():
     assert not missing, f"README.md's command table lacks {missing}"
 
 
+def test_every_environment_variable_is_documented():
+    """Every RAGLEDGER_* variable the code or the scripts read is in docs/operations.md."""
+    text = (DOCS / "operations.md").read_text()
+    used = set()
+    for folder in ("ragledger", "flows", "tasks", "tracking", "schemas", "infra"):
+        for path in (REPO / folder).rglob("*"):
+            if path.is_file() and path.suffix in (".py", ".sh", ".yaml", ".yml"):
+                used |= set(re.findall(r"RAGLEDGER_[A-Z_]*[A-Z]", path.read_text(errors="replace")))
+    assert used, "no RAGLEDGER_* variable found: the scan is broken"
+    missing = sorted(v for v in used if f"`{v}`" not in text)
+    assert not missing, f"docs/operations.md does not document {missing}"
+
+
 @pytest.fixture
 def registries():
     """The live registries, restored after a test adds to them."""
