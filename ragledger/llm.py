@@ -38,7 +38,7 @@ UNREACHABLE_FOR_S = 60.0
 # One model-call process per this many requests in flight, and at most one per core. One process's CPU per
 # request (~0.7 ms in the openai client) bounds it at hundreds of requests a second: answers arrive in waves and
 # wait for each other. P1 (10,000 calls, 64 in flight, 100 ms each): the flow took 19.5 s with one process and
-# 18.2-18.8 s with two (README, "Performance").
+# 18.2-18.8 s with two (docs/performance.md).
 REQUESTS_PER_CALL_PROCESS = 32
 MAX_CALL_PROCESSES = os.cpu_count() or 1
 

@@ -114,7 +114,7 @@ def _openai(ep: Endpoint, url: str) -> Any:
 
     # the openai client's aiohttp transport (extra `openai[aiohttp]`), not its default httpx one: measured
     # 10,000 calls at concurrency 64 against a 100 ms test server, 2.8 ms CPU per request against 4.8 ms
-    # (README, P1); at hundreds of requests per second the client's CPU, not the server, bounded a run
+    # (docs/performance.md, P1); at hundreds of requests per second the client's CPU, not the server, bounded a run
     return openai.AsyncOpenAI(base_url=url, api_key=ep.api_key, max_retries=0, timeout=ep.timeout_s,
                               http_client=openai.DefaultAioHttpClient(timeout=ep.timeout_s))
 
@@ -220,7 +220,7 @@ def _chat_body(model: str, req: LLMRequest) -> dict[str, Any]:
     """The chat-completions request body. Sent with the openai client's `post` (same auth, errors and
     response model as `chat.completions.create`) because `create` first walks every parameter through its
     typed-params transform, which does nothing to these plain values and was the largest single cost per
-    request (measured, README P1)."""
+    request (measured: docs/performance.md, P1)."""
     body: dict[str, Any] = {
         "model": model,
         "messages": [{"role": "system", "content": req.system}, {"role": "user", "content": req.prompt}],

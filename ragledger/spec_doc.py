@@ -60,6 +60,9 @@ def _type_name(annotation: object) -> str:
 
 def _default(field: object) -> str:
     default = getattr(field, "default", PydanticUndefined)
+    factory = getattr(field, "default_factory", None)
+    if default is PydanticUndefined and factory is not None:
+        default = factory()
     if default is PydanticUndefined:
         return "required"
     if default is None:

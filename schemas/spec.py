@@ -20,10 +20,12 @@ class _Strict(BaseModel):
 
 
 class DatasetSpec(_Strict):
-    name: Literal["squad", "nq-open", "triviaqa", "webquestions", "dpr-topics", "jsonl"] = "squad"
+    name: Literal["squad", "nq-open", "triviaqa", "webquestions", "dpr-topics", "jsonl"] = Field(
+        "squad", description="file format: SQuAD JSON, NQ-open/TriviaQA/WebQuestions/DPR topics, or JSONL of "
+        "{id?, question, answers}")
     path: str = Field("squad/dev-v1.1.json.gz", description="file, relative to the data dir unless absolute")
     limit: int | None = Field(None, gt=0, description="number of questions sampled (seeded); all if unset")
-    seed: int = 0
+    seed: int = Field(0, description="sampling seed of the `limit` questions")
     closed_book_filter: bool = Field(False, description="seed 001 §4: drop the sampled questions the model answers "
                                      "correctly (EM) with no context, before retrieval")
 
@@ -62,7 +64,8 @@ class DatasetEntry(DatasetSpec):
 
 
 class CorpusSpec(_Strict):
-    name: Literal["squad-paragraphs", "jsonl"] = "squad-paragraphs"
+    name: Literal["squad-paragraphs", "jsonl"] = Field("squad-paragraphs", description="the paragraphs of SQuAD "
+                                                      "files, or a JSONL of {id, title?, text}")
     paths: list[str] = Field(
         default_factory=lambda: ["squad/dev-v1.1.json.gz", "squad/train-v1.0.json.gz"],
         description="SQuAD JSON files whose paragraphs form the corpus, or one JSONL of {id, title?, text}",
@@ -71,18 +74,25 @@ class CorpusSpec(_Strict):
 
 class ModelSpec(_Strict):
     name: str = Field("embedded", description="'embedded' or the model name the endpoint serves")
-    backend: Literal["embedded", "openai"] = "embedded"
+    backend: Literal["embedded", "openai"] = Field("embedded", description="the bundled llama.cpp model started by "
+                                                   "the run, or an OpenAI-compatible endpoint (vLLM, OpenAI)")
     embedded_model: str = Field("qwen2.5-0.5b-instruct-q4km", description="bundled GGUF when backend=embedded")
     base_url: str | None = Field(None, description="OpenAI-compatible endpoint (vLLM, OpenAI, ...)")
     api_key_env: str | None = Field(None, description="name of the env var holding the API key (never the key)")
-    temperature: float = Field(0.0, ge=0, le=2)
-    top_p: float = Field(1.0, gt=0, le=1)
-    max_tokens: int = Field(32, gt=0, le=4096)
-    seed: int = 0
-    concurrency: int = Field(4, gt=0, le=1024)
-    timeout_s: float = Field(120.0, gt=0)
-    max_retries: int = Field(6, ge=0, le=50)
-    context_window: int = Field(4096, ge=512)
+    temperature: float = Field(0.0, ge=0, le=2, description="sampling temperature of every call (0: greedy); "
+                               "self-consistency samples use the reader's sample_temperature")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling")
+    max_tokens: int = Field(32, gt=0, le=4096, description="output tokens of a short-answer call; strategies that "
+                            "write rationales or summaries set their own per call")
+    seed: int = Field(0, ge=0, le=2**63 - 1, description="request seed (sample i sends seed + i); vLLM takes 64-bit "
+                      "values only")
+    concurrency: int = Field(4, gt=0, le=1024, description="model requests in flight at once; match the server's "
+                             "batch size (vLLM --max-num-seqs)")
+    timeout_s: float = Field(120.0, gt=0, description="seconds before one request is abandoned and retried")
+    max_retries: int = Field(6, ge=0, le=50, description="retries of a failed request (HTTP 429/5xx, timeouts), "
+                             "with exponential backoff and Retry-After")
+    context_window: int = Field(4096, ge=512, description="the embedded server's context in tokens "
+                                "(a longer prompt ends the run naming cell and question); a remote server has its own")
 
     @field_validator("base_url")
     @classmethod

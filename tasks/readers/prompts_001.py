@@ -2,7 +2,7 @@
 
 Fig. 7 (Concatenation and Post-Fusion). The task description and the "say unknown" instruction
 go in the system message: the small embedded models follow an abstention instruction far more
-reliably there than in the user turn (measured on the 0.5B/1.5B Qwen models; see README).
+reliably there than in the user turn (observed on the 0.5B/1.5B Qwen models; docs/papers.md, seed 001 prompts).
 """
 
 FIG7_VERSION = "001-fig7-v2"
@@ -10,7 +10,7 @@ FIG7_VERSION = "001-fig7-v2"
 # Fig. 7 in its order: task description, answer-format examples, the abstention instruction, then
 # context and question. Everything before the context is fixed, so it goes in the system message
 # (the small embedded models copy the examples' answers far less, and abstain far more reliably,
-# when examples and instruction are there rather than in the user turn; see README).
+# when examples and instruction are there rather than in the user turn; docs/papers.md, seed 001 prompts).
 FIG7_SYSTEM = """Given the relevant background contexts, answer the current question using one of the context \
 in short factoid phrase manner.
 
