@@ -18,7 +18,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from ragledger.cli_common import console, err, fail
-from tracking.executions import ensemble_rows, experiment_outcomes, resolve_cell
 
 DEFAULT_STORE = ".ragledger/store"
 FORMATS = ("table", "csv", "json", "parquet")
@@ -112,6 +111,7 @@ def errors_cmd(
     """Per-example error breakdown of an experiment's latest execution (seed 002's error types)."""
     from schemas.records import ERROR_TYPES
     from tracking.analysis import AnalysisError
+    from tracking.executions import experiment_outcomes, resolve_cell
 
     if error_type is not None and error_type not in ERROR_TYPES:
         fail(f"--error-type must be one of {', '.join(ERROR_TYPES)}, got {error_type!r}")
@@ -146,6 +146,7 @@ def flips_cmd(
 ) -> None:
     """Paired comparison of two cells: flip table, exact McNemar p, paired-bootstrap CI of ΔEM, flipped questions."""
     from tracking.analysis import AnalysisError
+    from tracking.executions import experiment_outcomes, resolve_cell
     from tracking.stats import compare_cells, flipped_questions
 
     exps = [experiment] if experiment else sorted(p.name for p in (Path(store) / "outcomes").glob("*") if p.is_dir())
@@ -192,6 +193,7 @@ def hardest_cmd(
 ) -> None:
     """Questions every cell of the latest execution gets wrong (EM), with each cell's error type."""
     from tracking.analysis import AnalysisError
+    from tracking.executions import ensemble_rows, experiment_outcomes
 
     try:
         df = experiment_outcomes(store, experiment)

@@ -199,7 +199,7 @@ def test_analyze_command_runs_the_flow_and_prints_tables(store, prefect_harness)
 
 
 def test_resolve_cell_by_words():
-    from ragledger.cli_analysis import resolve_cell
+    from tracking.executions import resolve_cell
 
     cells = ["bm25@5 · concatenation · m", "bm25@5 · post_fusion · m", "none · post_fusion · m"]
     assert resolve_cell("bm25@5 · post_fusion · m", cells) == cells[1]
@@ -309,3 +309,10 @@ def test_a_cell_has_one_em_ci_in_the_readers_table_the_cli_and_the_report(tmp_pa
     assert table_ci in cli_row, (table_ci, cli_row)
     html = (root / "analysis" / "ci" / "report.html").read_text()
     assert f'<tr title="{name}"><td class=l>a</td><td>{row[2]}</td><td>{table_ci}</td>' in html
+
+
+def test_the_cli_module_imports_no_data_stack():
+    """`ragledger --help` stays instant: the commands import pandas, pyarrow, DuckDB and the store when they run."""
+    code = "import sys, ragledger.cli; print(sorted(m for m in ('pandas', 'pyarrow', 'duckdb', 'pandera') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
