@@ -143,7 +143,8 @@ def died_message(returncode: int | None, log_path: Path) -> str:
                 "`.venv/bin/pip uninstall -y llama-cpp-python && bash infra/setup.sh` (the build picks instruction sets "
                 "from /proc/cpuinfo; RAGLEDGER_LLAMA_VARIANT=avx2 forces the conservative one)")
     elif returncode == -signal.SIGSEGV:
-        hint = "; SIGSEGV: a llama.cpp build problem (docs/operations.md, Troubleshooting); RAGLEDGER_LLAMA_VARIANT=avx2 is the safe build"
+        hint = ("; SIGSEGV: a llama.cpp build problem (docs/operations.md, Troubleshooting); "
+                "RAGLEDGER_LLAMA_VARIANT=avx2 is the safe build")
     # the cause and its fix on the first line: a failed run's error line is the message's first line (the rest,
     # the log's tail, goes to the run log)
     return f"the embedded model server {how}; log {log_path}{hint}\n{tail}"
