@@ -380,5 +380,9 @@ from ragledger.cli_ops import register as _register_ops  # noqa: E402
 
 _register_ops(app)
 
+from ragledger.cli_share import register as _register_share  # noqa: E402
+
+_register_share(app)
+
 if __name__ == "__main__":
     app()

@@ -18,6 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ragledger.cli_common import console, err, fail
+from ragledger.cli_share import MlflowPullOpt, pull_if_missing
 
 DEFAULT_STORE = ".ragledger/store"
 FORMATS = ("table", "csv", "json", "parquet")
@@ -84,8 +85,10 @@ def query_cmd(
     fmt: FormatOpt = "table",
     output: OutputOpt = None,
     experiment: Annotated[str | None, typer.Option(help="only this experiment's segments")] = None,
+    mlflow_uri: MlflowPullOpt = None,
 ) -> None:
     """Run SQL (DuckDB) over the event store's views."""
+    pull_if_missing(experiment, store, mlflow_uri)
     import duckdb
 
     from tracking.query import query
@@ -107,8 +110,10 @@ def errors_cmd(
     include_correct: Annotated[bool, typer.Option(help="also list correct answers")] = False,
     fmt: FormatOpt = "table",
     output: OutputOpt = None,
+    mlflow_uri: MlflowPullOpt = None,
 ) -> None:
     """Per-example error breakdown of an experiment's latest execution (seed 002's error types)."""
+    pull_if_missing(experiment, store, mlflow_uri)
     from schemas.records import ERROR_TYPES
     from tracking.analysis import AnalysisError
     from tracking.executions import experiment_outcomes, resolve_cell
@@ -143,8 +148,10 @@ def flips_cmd(
     store: StoreOpt = DEFAULT_STORE,
     fmt: FormatOpt = "table",
     output: OutputOpt = None,
+    mlflow_uri: MlflowPullOpt = None,
 ) -> None:
     """Paired comparison of two cells: flip table, exact McNemar p, paired-bootstrap CI of ΔEM, flipped questions."""
+    pull_if_missing(experiment, store, mlflow_uri)
     from tracking.analysis import AnalysisError
     from tracking.executions import experiment_outcomes, resolve_cell
     from tracking.stats import compare_cells, flipped_questions
@@ -190,8 +197,10 @@ def hardest_cmd(
     store: StoreOpt = DEFAULT_STORE,
     fmt: FormatOpt = "table",
     output: OutputOpt = None,
+    mlflow_uri: MlflowPullOpt = None,
 ) -> None:
     """Questions every cell of the latest execution gets wrong (EM), with each cell's error type."""
+    pull_if_missing(experiment, store, mlflow_uri)
     from tracking.analysis import AnalysisError
     from tracking.executions import ensemble_rows, experiment_outcomes
 
@@ -224,8 +233,10 @@ def analyze_cmd(
                                                        "split of this experiment's questions)")] = None,
     eor_pooling: Annotated[str, typer.Option("--eor-pooling", help="EoR pooling: mean (seed 002's), max, majority, "
                                              "plurality, or search (the best of the four on training accuracy)")] = "mean",
+    mlflow_uri: MlflowPullOpt = None,
 ) -> None:
     """Run the analysis flow: RWR/MRLR, error decomposition, statistics, EoR; plots + tables + report to MLflow."""
+    pull_if_missing(experiment, store, mlflow_uri)
     from ragledger.prefect_env import configure_prefect_home
 
     configure_prefect_home(Path.cwd())
@@ -250,8 +261,10 @@ def trace_cmd(
     store: StoreOpt = DEFAULT_STORE,
     cell: Annotated[str | None, typer.Option(help="only this cell")] = None,
     max_chars: Annotated[int, typer.Option(help="truncate prompts and passages to this many characters (0: no limit)")] = 0,
+    mlflow_uri: MlflowPullOpt = None,
 ) -> None:
     """Lineage of one question: passages, every generation (role, prompt, raw output), the vote, the outcome."""
+    pull_if_missing(experiment, store, mlflow_uri)
     from ragledger.trace import render_trace
 
     try:

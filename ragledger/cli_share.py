@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
-console = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)  # an error stays on one line, whatever the terminal width
+from ragledger.cli_common import console, err, fail
+
 DEFAULT_STORE = ".ragledger/store"
 
 StoreOpt = Annotated[str, typer.Option("--store", help="event store directory (its call cache is llm_cache.sqlite in it)")]
@@ -39,102 +38,102 @@ def pull_if_missing(experiment: str | None, store: str, mlflow_uri: str | None) 
     try:
         r = ensure_local(experiment, store, mlflow_uri, log=lambda line: err.print(escape(line), highlight=False))
     except PullError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     if r is not None and r.pulled:
         err.print(f"pulled {escape(experiment)} from MLflow into {r.store} ({r.downloaded} artifact(s), "
                   f"{r.calls_added} LLM call(s) into the call cache)", highlight=False)
 
 
-def _fail(message: str, code: int = 2) -> NoReturn:
-    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
-    raise typer.Exit(code)
+def pull_cmd(
+    experiment: Annotated[str, typer.Argument(help="experiment name (the spec's name)")],
+    mlflow_uri: MlflowUriOpt = None,
+    store: StoreOpt = DEFAULT_STORE,
+) -> None:
+    """Rebuild an experiment's event store from its MLflow runs: every record segment (checksum and schema
+    checked), run manifest, spec, and its LLM calls into the call cache. Resumable; a second pull downloads
+    nothing."""
+    from tracking.mlflow_log import default_tracking_uri, redact_url
+    from tracking.mlflow_pull import PullError, pull
+
+    uri = mlflow_uri or default_tracking_uri()
+    try:
+        r = pull(experiment, store, uri, log=lambda line: console.print(escape(line), highlight=False))
+    except PullError as exc:
+        fail(str(exc))
+    if r.nothing_new:
+        console.print(f"nothing new to pull: {len(r.present)} execution(s) of {escape(experiment)} already in "
+                      f"{r.store} (0 downloaded)", highlight=False)
+        return
+    console.print(f"pulled {len(r.pulled)} execution(s) of {escape(experiment)} from {escape(redact_url(uri) or '')} "
+                  f"into {r.store}: {r.downloaded} artifact(s) downloaded, {r.reused} segment(s) already there; "
+                  f"{r.calls_added} LLM call(s) added to the call cache ({r.calls_present} already cached)",
+                  highlight=False)
+
+
+
+def cache_export(
+    file: Annotated[Path, typer.Argument(help="call pack to write (.jsonl.gz)")],
+    store: StoreOpt = DEFAULT_STORE,
+    experiment: Annotated[str | None, typer.Option(
+        help="only the calls this experiment's generation records made (default: the whole cache)")] = None,
+) -> None:
+    """Write the store's LLM calls (request identity, response, usage, log-probabilities) to a call pack."""
+    from tracking import callpack
+    from tracking.events import EventStore
+    from tracking.llm_cache import LLMCallCache
+
+    cache_file = callpack.cache_path(store)
+    if not cache_file.is_file():
+        fail(f"--store {store}: no call cache ({cache_file} does not exist)")
+    try:
+        cache = LLMCallCache(cache_file)
+        try:
+            if experiment:
+                segments = EventStore(store).segments("generations", experiment)
+                if not segments:
+                    fail(f"--experiment {experiment}: no generation records under {Path(store) / 'generations'}")
+                data, head = callpack.build(cache, callpack.calls_of_segments(segments), {"experiment": experiment})
+            else:
+                data, head = callpack.build_all(cache)
+        finally:
+            cache.close()
+        callpack.write(file, data)
+    except OSError as exc:
+        fail(f"{file}: {exc}")
+    missing = f" ({head['missing_from_cache']} of the experiment's calls are not in the cache)" \
+        if head["missing_from_cache"] else ""
+    console.print(f"{head['calls']} LLM call(s) written to {escape(str(file))}{missing}", highlight=False)
+
+
+
+def cache_import(
+    file: Annotated[Path, typer.Argument(help="call pack to read (.jsonl.gz)")],
+    store: StoreOpt = DEFAULT_STORE,
+) -> None:
+    """Add a call pack's LLM calls to the store's call cache (calls already cached are kept as they are)."""
+    from tracking import callpack
+    from tracking.llm_cache import LLMCallCache
+
+    try:
+        pack = callpack.read(file)
+        os.makedirs(store, exist_ok=True)
+        cache = LLMCallCache(callpack.cache_path(store))
+        try:
+            r = callpack.import_into(pack, cache)
+        finally:
+            cache.close()
+    except callpack.CallPackError as exc:
+        fail(str(exc))
+    except OSError as exc:
+        fail(f"--store {store}: {exc}")
+    console.print(f"{r.calls} LLM call(s) in {escape(str(file))}: {r.added} added to "
+                  f"{callpack.cache_path(store)}, {r.present} already cached", highlight=False)
 
 
 def register(app: typer.Typer) -> None:
+    app.command("pull")(pull_cmd)
     cache_app = typer.Typer(help="Move LLM calls between call caches as a call pack (no MLflow needed).",
                             no_args_is_help=True)
+    cache_app.command("export")(cache_export)
+    cache_app.command("import")(cache_import)
     app.add_typer(cache_app, name="cache")
-
-    @app.command("pull")
-    def pull_cmd(
-        experiment: Annotated[str, typer.Argument(help="experiment name (the spec's name)")],
-        mlflow_uri: MlflowUriOpt = None,
-        store: StoreOpt = DEFAULT_STORE,
-    ) -> None:
-        """Rebuild an experiment's event store from its MLflow runs: every record segment (checksum and schema
-        checked), run manifest, spec, and its LLM calls into the call cache. Resumable; a second pull downloads
-        nothing."""
-        from tracking.mlflow_log import default_tracking_uri, redact_url
-        from tracking.mlflow_pull import PullError, pull
-
-        uri = mlflow_uri or default_tracking_uri()
-        try:
-            r = pull(experiment, store, uri, log=lambda line: console.print(escape(line), highlight=False))
-        except PullError as exc:
-            _fail(str(exc))
-        if r.nothing_new:
-            console.print(f"nothing new to pull: {len(r.present)} execution(s) of {escape(experiment)} already in "
-                          f"{r.store} (0 downloaded)", highlight=False)
-            return
-        console.print(f"pulled {len(r.pulled)} execution(s) of {escape(experiment)} from {escape(redact_url(uri) or '')} "
-                      f"into {r.store}: {r.downloaded} artifact(s) downloaded, {r.reused} segment(s) already there; "
-                      f"{r.calls_added} LLM call(s) added to the call cache ({r.calls_present} already cached)",
-                      highlight=False)
-
-    @cache_app.command("export")
-    def cache_export(
-        file: Annotated[Path, typer.Argument(help="call pack to write (.jsonl.gz)")],
-        store: StoreOpt = DEFAULT_STORE,
-        experiment: Annotated[str | None, typer.Option(
-            help="only the calls this experiment's generation records made (default: the whole cache)")] = None,
-    ) -> None:
-        """Write the store's LLM calls (request identity, response, usage, log-probabilities) to a call pack."""
-        from tracking import callpack
-        from tracking.events import EventStore
-        from tracking.llm_cache import LLMCallCache
-
-        cache_file = callpack.cache_path(store)
-        if not cache_file.is_file():
-            _fail(f"--store {store}: no call cache ({cache_file} does not exist)")
-        try:
-            cache = LLMCallCache(cache_file)
-            try:
-                if experiment:
-                    segments = EventStore(store).segments("generations", experiment)
-                    if not segments:
-                        _fail(f"--experiment {experiment}: no generation records under {Path(store) / 'generations'}")
-                    data, head = callpack.build(cache, callpack.calls_of_segments(segments), {"experiment": experiment})
-                else:
-                    data, head = callpack.build_all(cache)
-            finally:
-                cache.close()
-            callpack.write(file, data)
-        except OSError as exc:
-            _fail(f"{file}: {exc}")
-        missing = f" ({head['missing_from_cache']} of the experiment's calls are not in the cache)" \
-            if head["missing_from_cache"] else ""
-        console.print(f"{head['calls']} LLM call(s) written to {escape(str(file))}{missing}", highlight=False)
-
-    @cache_app.command("import")
-    def cache_import(
-        file: Annotated[Path, typer.Argument(help="call pack to read (.jsonl.gz)")],
-        store: StoreOpt = DEFAULT_STORE,
-    ) -> None:
-        """Add a call pack's LLM calls to the store's call cache (calls already cached are kept as they are)."""
-        from tracking import callpack
-        from tracking.llm_cache import LLMCallCache
-
-        try:
-            pack = callpack.read(file)
-            os.makedirs(store, exist_ok=True)
-            cache = LLMCallCache(callpack.cache_path(store))
-            try:
-                r = callpack.import_into(pack, cache)
-            finally:
-                cache.close()
-        except callpack.CallPackError as exc:
-            _fail(str(exc))
-        except OSError as exc:
-            _fail(f"--store {store}: {exc}")
-        console.print(f"{r.calls} LLM call(s) in {escape(str(file))}: {r.added} added to "
-                      f"{callpack.cache_path(store)}, {r.present} already cached", highlight=False)

@@ -6,6 +6,7 @@ carries provenance; each cell run its per-example outcome table and the question
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import subprocess
@@ -17,7 +18,6 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from ragledger.cli_share import DEFAULT_STORE, MlflowPullOpt, pull_if_missing
 from tests.fakes.openai_server import ScriptedServer
 from tests.test_mlflow_postgres import mlflow_server  # noqa: F401  (the PostgreSQL-backed server fixture)
 from tests.test_reliability import cli, make_data, reader, write_spec
@@ -275,30 +275,30 @@ def test_pull_from_the_mlflow_server_on_postgresql(tmp_path, mlflow_server):  # 
     assert again.nothing_new and again.downloaded == 0
 
 
-def test_an_analysis_command_with_the_two_added_lines_pulls_what_it_lacks(shared, tmp_path, monkeypatch):
-    """The lines each analysis command gains (an --mlflow-uri option and pull_if_missing before it reads the store),
-    in a command of the same shape: an empty store is filled from MLflow and the CSV on stdout stays clean."""
+def test_the_analysis_commands_pull_what_the_store_lacks(shared, tmp_path, monkeypatch):
+    """`ragledger query/errors/hardest/trace --mlflow-uri` on an empty store: the experiment is pulled from MLflow
+    first (reported on stderr, so CSV on stdout stays clean); once present, MLflow is not asked again; an experiment
+    MLflow does not have is one error line."""
+    from ragledger.cli import app
+
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    app = typer.Typer()
-
-    @app.command()
-    def errors(experiment: str, store: str = DEFAULT_STORE, mlflow_uri: MlflowPullOpt = None) -> None:
-        pull_if_missing(experiment, store, mlflow_uri)
-        df = load_outcomes(store, experiment, latest_execution(store, experiment))
-        typer.echo(df[KEY].sort_values(["cell", "qid"]).to_csv(index=False), nl=False)
-
-    @app.command()
-    def other() -> None:  # a second command, so typer keeps command names
-        pass
-
-    runner = CliRunner()
-    b = tmp_path / "B"
-    got = runner.invoke(app, ["errors", EXPERIMENT, "--store", str(b), "--mlflow-uri", shared["uri"]])
+    runner, b = CliRunner(), tmp_path / "B"
+    got = runner.invoke(app, ["errors", EXPERIMENT, "--store", str(b), "--include-correct", "--format", "csv",
+                              "--mlflow-uri", shared["uri"]])
     assert got.exit_code == 0, got.output
-    assert got.stdout == outcomes(shared["ws"] / "A").to_csv(index=False)
     assert "pulled share from MLflow" in got.stderr
-    again = runner.invoke(app, ["errors", EXPERIMENT, "--store", str(b)], env={"MLFLOW_TRACKING_URI": "http://127.0.0.1:9"})
+    rows = pd.read_csv(io.StringIO(got.stdout))
+    expected = outcomes(shared["ws"] / "A")
+    assert sorted(zip(rows["cell"], rows["qid"], strict=True)) == sorted(zip(expected["cell"], expected["qid"], strict=True))
+    again = runner.invoke(app, ["query", "SELECT count(*) AS n FROM outcomes", "--experiment", EXPERIMENT,
+                                "--store", str(b), "--format", "csv"], env={"MLFLOW_TRACKING_URI": "http://127.0.0.1:9"})
     assert again.exit_code == 0 and again.stderr == "", again.output  # present: MLflow not asked
+    assert again.stdout.splitlines()[1] == str(len(outcomes(shared["ws"] / "A")))
+    qid = outcomes(shared["ws"] / "A")["qid"].iloc[0]
+    for args in (["hardest", EXPERIMENT], ["trace", EXPERIMENT, qid]):
+        c = tmp_path / f"C-{args[0]}"
+        out = runner.invoke(app, [*args, "--store", str(c), "--mlflow-uri", shared["uri"]])
+        assert out.exit_code == 0 and "pulled share from MLflow" in out.stderr, (args, out.output)
     missing = runner.invoke(app, ["errors", "nope", "--store", str(b)], env={"MLFLOW_TRACKING_URI": shared["uri"]})
     assert missing.exit_code == 2 and one_error_line(missing.stderr).endswith("has no run of experiment 'nope'")
 
