@@ -85,7 +85,7 @@ def cached_result(spec: dict[str, Any] | ExperimentSpec, store: str | Path | Non
     record = matching_manifest(store_root, the_plan, expected)
     if record is None:
         return None
-    summary = {**record["summary"], **NOTHING_RAN}
+    summary = {**record["summary"], **NOTHING_RAN, "answered_from": record["manifest_path"]}
     summary["tasks_from_cache"] = summary["tasks_total"] = sum(the_plan.stage_totals().values())
     summary["stage_seconds"] = {}
     summary["wall_time_s"] = round(time.perf_counter() - started, 2)

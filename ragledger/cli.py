@@ -5,16 +5,20 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich.table import Table
 
 from ragledger.cli_common import console, err, fail, preflight, usage_error, user_errors
+
+if TYPE_CHECKING:
+    from schemas.spec import AnySpec
 
 app = typer.Typer(
     name="ragledger",
@@ -137,6 +141,13 @@ def run(
                             json_out)
     except errors as exc:
         fail(str(exc))
+    if base_url is None and runner is None and (cached := _answered_from_store(spec, store or spec.tracking.store)):
+        _print_summary(cached)
+        console.print(f"answered from the store: every cell's outcome is there (run manifest {cached['answered_from']}); "
+                      "no flow run, model endpoint or index was started, and nothing new was logged")
+        if json_out:
+            json_out.write_text(json.dumps(cached, indent=2, default=str))
+        return
     runlog.start(Path.cwd(), "run")
     mark_secret_env(spec.model.api_key_env)
     from ragledger.prefect_env import configure_prefect_home
@@ -171,6 +182,28 @@ def run(
         json_out.write_text(json.dumps(summary, indent=2, default=str))
 
 
+def _answered_from_store(spec: AnySpec, store_root: str) -> dict | None:
+    """The run summary when this exact run is already in the store (flows/cached.py: every planned outcome segment
+    exists and a manifest lists exactly them), logged to the MLflow the run would log to, with no MLflow logging
+    pending: then a rerun through the flow would only read its caches, and answering here skips starting Prefect,
+    the model endpoint, the JVM and the embedding model. None otherwise (the flow runs as usual)."""
+    if os.environ.get("RAGLEDGER_CACHED_ANSWER", "1") == "0":
+        return None
+    from flows.cached import cached_result
+    from tracking.mlflow_log import resolve_tracking_uri
+    from tracking.mlflow_sync import pending_markers
+
+    try:
+        if pending_markers(store_root):
+            return None
+        summary = cached_result(spec, store_root)
+    except Exception:  # the fast path is an optimisation: in any doubt the flow decides (and reports errors)
+        return None
+    if summary is None or summary.get("tracking_uri") != resolve_tracking_uri(spec.tracking.mlflow_uri):
+        return None
+    return summary
+
+
 def _print_summary(summary: dict) -> None:
     """A run's readers table and model calls; for a sweep (summary["experiments"]), one table per dataset."""
     from tracking.readers_table import display_rows, headers, readers_table
@@ -193,10 +226,11 @@ def _print_summary(summary: dict) -> None:
     console.print("EM 95% CI: bootstrap over questions (1,000 resamples, seed 0); the same table is on the MLflow parent run "
                   "as analysis/readers_table.{csv,md,html}")
     what = f"this sweep ({len(experiments)} experiments)" if "experiments" in summary else "this run"
+    tasks = ("no task ran" if summary.get("answered_from") else
+             f"{summary['tasks_from_cache']}/{summary['tasks_total']} tasks from Prefect's cache")
     console.print(
         f"model calls {what}: [bold]{summary['llm_calls']}[/] (LLM-cache hits {summary['cache_hits']}, "
-        f"retries {summary['retries']}; {summary['tasks_from_cache']}/{summary['tasks_total']} tasks from Prefect's cache) "
-        f"in {summary['wall_time_s']:.1f} s"
+        f"retries {summary['retries']}; {tasks}) in {summary['wall_time_s']:.1f} s"
     )
     if summary.get("prompt_tokens_evaluated") is not None and summary.get("prompt_tokens_sent"):
         sent, evaluated = summary["prompt_tokens_sent"], summary["prompt_tokens_evaluated"]

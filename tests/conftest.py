@@ -35,6 +35,7 @@ SLOW = {
     "tests/test_sweep.py::test_sweep_runs_each_dataset_as_an_experiment_with_one_endpoint",
     "tests/test_plan_pinning.py::test_outcomes_and_stage_keys_are_pinned",
     "tests/test_plan_cached.py::test_a_fully_cached_rerun_is_answered_from_the_store",
+    "tests/test_plan_cached.py::test_ragledger_run_answers_a_cached_rerun_from_the_store_and_falls_back_to_the_flow",
     "tests/test_gold_passage_and_closed_book_filter.py::test_gold_passage_filter_and_readers_table",
     "tests/test_analysis_cli.py::test_analysis_writes_tables_plots_report_to_the_parent_run",
     "tests/test_analysis_cli.py::test_analyze_command_runs_the_flow_and_prints_tables",

@@ -54,3 +54,36 @@ def test_a_fully_cached_rerun_is_answered_from_the_store(tmp_path, prefect_harne
     segments = json.loads(Path(ran["manifest"]).read_text())["segments"]
     Path(segments["none · sure · scripted"]["outcomes"][0]).unlink()
     assert cached_result(spec) is None
+
+
+def test_ragledger_run_answers_a_cached_rerun_from_the_store_and_falls_back_to_the_flow(tmp_path):
+    """`ragledger run` twice: the second is answered from the store (no task, no model call, the same table, no
+    new MLflow run); the flow runs instead when MLflow would log elsewhere, when logging is pending, or when
+    RAGLEDGER_CACHED_ANSWER=0."""
+    from tests.test_reliability import cli, make_data, reader, write_spec
+    from tracking.executions import manifests
+
+    make_data(tmp_path, 6)
+    with ScriptedServer(answer=reader) as model:
+        spec = write_spec(tmp_path, model.base_url, name="again")
+        first = cli(tmp_path, "run", str(spec), "--json", "first.json")
+        assert first.returncode == 0, first.stderr[-2000:]
+        calls = model.calls
+        second = cli(tmp_path, "run", str(spec), "--json", "second.json")
+        assert second.returncode == 0, second.stderr[-2000:]
+        assert "answered from the store" in second.stdout and "no task ran" in second.stdout, second.stdout
+        a, b = (json.loads((tmp_path / f).read_text()) for f in ("first.json", "second.json"))
+        assert b["llm_calls"] == 0 and model.calls == calls
+        assert as_json(b["cells"]) == as_json(a["cells"])
+        assert b["mlflow_parent_run_id"] == a["mlflow_parent_run_id"]  # nothing new logged
+        assert len(manifests(tmp_path / ".ragledger" / "store", "again")) == 1
+        for env in ({"RAGLEDGER_CACHED_ANSWER": "0"}, {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'other.db'}"}):
+            through_flow = cli(tmp_path, "run", str(spec), env=env)
+            assert through_flow.returncode == 0, through_flow.stderr[-2000:]
+            assert "answered from the store" not in through_flow.stdout and "tasks from Prefect's cache" in \
+                through_flow.stdout, (env, through_flow.stdout)
+        pending = tmp_path / ".ragledger" / "store" / "mlflow-pending" / "again"
+        pending.mkdir(parents=True, exist_ok=True)
+        (pending / "x.json").write_text("{}")
+        assert "answered from the store" not in cli(tmp_path, "run", str(spec)).stdout  # the flow syncs pending logs
+        assert model.calls == calls
