@@ -166,14 +166,22 @@ def log_execution(tracking_uri: str, execution: str, record: dict[str, Any],
         views.log_outcomes(logger, run_id, cell)
         logger.end(run_id)
         cells[cell] = run_id
-    logger.log_text(parent, json.dumps(summary["cells"], indent=2, default=str), "analysis/summary.json")
+    _finish_parent(logger, views, parent, cells, execution)
+    return {"parent": parent, "cells": cells, "experiment_id": logger.experiment_id}
+
+
+def _finish_parent(logger: Any, views: ExecutionViews, parent: str, cells: dict[str, str], execution: str) -> None:
+    """The parent run's views once every cell run is logged (traces link to the cell runs), then its manifest and
+    its end."""
+    record, store = views.record, views.store_root
+    logger.log_text(parent, json.dumps(record["summary"]["cells"], indent=2, default=str), "analysis/summary.json")
     logger.log_artifacts(parent, record.get("analysis_files") or [], "analysis")
     logger.log_artifacts(parent, record.get("closed_book_filter_segments") or [], "records/generations")
     views.log_callpack(logger, parent, execution)
+    views.log_traces(logger, parent, cells, execution)
     # the manifest last: a pull takes an execution whose parent run is FINISHED and has it
     logger.log_text(parent, json.dumps(portable_manifest(record, store), indent=2, default=str), MANIFEST_ARTIFACT)
     logger.end(parent)
-    return {"parent": parent, "cells": cells, "experiment_id": logger.experiment_id}
 
 
 def _with_ids(record: dict[str, Any], logged: dict[str, Any]) -> dict[str, Any]:
@@ -415,6 +423,26 @@ class ExecutionViews:
             EventStore(self.store_root or ".").read("outcomes", paths=paths), q))
         if table is not None:
             log_table(logger, run_id, table, "outcomes_table.json")
+
+    def log_traces(self, logger: Any, parent: str, cells: dict[str, str], execution: str) -> None:
+        """The lineage of a bounded sample of questions (the hardest) as MLflow traces (tracking/mlflow_traces.py).
+        Best-effort as a whole, MLflow calls included: traces are a view, never a reason to keep logging pending."""
+        from tracking import mlflow_traces
+
+        def log() -> list[str]:
+            n, q = mlflow_traces.sample_size(), self.questions()
+            if n <= 0 or q is None or q.empty:
+                return []
+            return mlflow_traces.log_traces(logger, execution, self._records, q, parent, cells, n)
+
+        self._prepared("traces", log)
+
+    def _records(self, kind: str):
+        """The execution's records of one kind (every cell), or None when the store lacks them."""
+        from tracking.events import EventStore
+
+        paths = self._segments(kind)
+        return EventStore(self.store_root or ".").read(kind, paths=paths) if paths else None
 
     def log_callpack(self, logger: Any, run_id: str, execution: str) -> None:
         """The execution's LLM calls, from the store's call cache, as one artifact (tracking/callpack.py). Calls made
