@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from ragledger.hashing import stable_hash
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -54,8 +56,6 @@ class StoreLayout:
 
     def segment(self, kind: str, experiment: str, event_ids: list[str]) -> Path:
         """Where the segment holding exactly these events is (EventStore.write names it by them)."""
-        from tracking.events import stable_hash  # pandas and pyarrow: only for whoever asks for a segment
-
         return self.records(kind, experiment) / f"seg-{stable_hash(kind, sorted(event_ids), length=24)}.parquet"
 
     def runs(self, experiment: str) -> Path:

@@ -10,6 +10,7 @@ are tolerated; an entry that no longer offends fails too, so the lists only shri
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -149,3 +150,40 @@ def test_the_checks_see_lazy_relative_and_type_checking_imports(tmp_path):
     assert graph["pkg.a"] == {"pkg.b"} and graph["pkg.b"] == {"pkg", "pkg.a"} and graph["pkg.sub"] == {"pkg", "pkg.c"}
     assert sorted(map(_show, cycles(graph))) == ["pkg.a <-> pkg.b", "pkg.c <-> pkg.sub"]
     assert long_functions(mods, tmp_path) == {"pkg/d.py:long": 81}
+
+
+# The layers, bottom first: a module may import its own layer and the layers below, never one above. Every module
+# of the five packages must match exactly one pattern (an unplaced module fails the test, naming it).
+LAYERS: list[tuple[str, str]] = [
+    ("base: answers, hashing, paths, processes, datasets, models, the encoder; record schemas",
+     r"^ragledger$|^ragledger\.(answers|atomic|call_gate|cell|crash|datasets|hashing|java|mlflow_server|models|"
+     r"onnx_encoder|paths|prefect_env|prefect_server|processes|progress|runlog|secrets|semantic)$|^schemas(\.records)?$"),
+    ("strategies: readers and retrievers (pure)", r"^tasks$|^tasks\.(readers|retrievers)(\..*)?$"),
+    ("the spec (validates reader and retriever names against their registries)", r"^schemas\.spec$"),
+    ("store and model client: events, caches, MLflow, queries, analyses; the openai client and the embedded server",
+     r"^tracking(\..*)?$|^ragledger\.(llm|llm_http|embedded)$"),
+    ("stages", r"^tasks\.(closed_book_filter|context|evaluate|generate|retrieval_eval|retrieve|stages|vote)$"),
+    ("flows", r"^flows(\..*)?$"),
+    ("command line", r"^ragledger\.(cli|cli_analysis|cli_common|cli_ops|cli_share|locations|spec_doc|trace)$"),
+]
+
+
+def layer_of(module: str) -> int:
+    matches = [i for i, (_, pattern) in enumerate(LAYERS) if re.search(pattern, module)]
+    assert len(matches) == 1, f"{module}: matches {len(matches)} layers of LAYERS in {Path(__file__).name}; place it in one"
+    return matches[0]
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{m} ({LAYERS[layer_of(m)][0].split(':')[0]}) imports {t} ({LAYERS[layer_of(t)][0].split(':')[0]})"
+                  for m, targets in graph.items() for t in targets if layer_of(t) > layer_of(m))
+
+
+def test_no_upward_import():
+    found = upward_imports(import_graph(modules()))
+    assert not found, "import(s) from a lower layer to a higher one: " + "; ".join(found)
+
+
+def test_the_layer_check_sees_an_upward_import():
+    graph = {"ragledger.answers": {"tracking.events"}, "tracking.events": {"ragledger.answers"}}
+    assert upward_imports(graph) == ["ragledger.answers (base) imports tracking.events (store and model client)"]

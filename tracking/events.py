@@ -9,7 +9,6 @@ a truncated or altered file without a sidecar that could fall out of step with i
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ import pyarrow.parquet as pq
 from ragledger.atomic import atomic_path, atomic_write_text
 from ragledger.atomic import temp_path as temp_path  # re-exported: flows/experiment.py imports it from here
 from ragledger.crash import crashpoint
+from ragledger.hashing import stable_hash as stable_hash  # re-exported: ids and keys across tasks/ and flows/
 from ragledger.processes import pid_alive
 from schemas.records import RECORD_MODELS, SCHEMA_VERSION, columns_of, validate_records
 from tracking.diskfull import reported_as_store_full
@@ -40,12 +40,6 @@ def write_text_atomically(path: Path, text: str) -> None:
 
 CHECKSUM_KEY = b"ragledger.checksum"
 KIND_KEY = b"ragledger.kind"
-
-
-def stable_hash(*parts: Any, length: int = 32) -> str:
-    """Content hash of JSON-serialisable parts (sorted keys), used for ids and cache keys."""
-    payload = json.dumps(parts, sort_keys=True, default=str, ensure_ascii=False)
-    return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:length]
 
 
 def event_id(kind: str, experiment: str, *identity: Any) -> str:

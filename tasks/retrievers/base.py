@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from tracking.events import stable_hash
+from ragledger.hashing import stable_hash
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ragledger.answers import has_answer, normalized_passages
+from ragledger.hashing import stable_hash
 from tasks.retrievers.base import Corpus, Hit, LLMFn, Query, Retriever
-from tracking.events import stable_hash
 
 POSITIONS = ("random", "first", "last")
 TRIGGERS = ("answer", "id")  # what makes `random` insert: the answer string absent (default), the gold id absent
