@@ -1,6 +1,9 @@
 """End to end in a real browser (Debian's headless Chromium via Selenium, no browser download): a user opens
 the experiment in `ragledger ui`, expands the experiment's parent run, selects its two cell runs, opens
-MLflow's compare view and reads their EM and F1 there. Screenshots go to test-artifacts/ for a human to see.
+MLflow's compare view and reads their EM and F1 there. Then the views ragledger logs for a user to read there: the
+runs table's Dataset column, the EM and F1 columns (MLflow 3.17 shows no metric column by default: the user picks
+them under Columns, as the test does), a cell run's outcomes_table.json in its artifact viewer, and the Traces tab
+with the sampled questions' lineage. Screenshots go to test-artifacts/ for a human to see.
 
 Needs /usr/bin/chromium and /usr/bin/chromedriver (infra/browser_deps.sh, which infra/test.sh runs)."""
 
@@ -27,6 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 ARTIFACTS = REPO / "test-artifacts"
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 WAIT_S = 90
+TRACES = 5  # RAGLEDGER_MLFLOW_TRACES for the run: fewer than its 8 questions, so the sample is visibly bounded
 
 
 def _free_port() -> int:
@@ -55,12 +59,13 @@ def browser():
         driver.quit()
 
 
-@pytest.fixture
-def ui_on_experiment(tmp_path):
+@pytest.fixture(scope="module")
+def ui_on_experiment(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("ui")
     make_data(tmp_path, 8)
     with ScriptedServer(answer=reader) as model:
         proc = cli(tmp_path, "run", str(write_spec(tmp_path, model.base_url, name="uicompare")),
-                   "--json", str(tmp_path / "summary.json"))
+                   "--json", str(tmp_path / "summary.json"), env={"RAGLEDGER_MLFLOW_TRACES": str(TRACES)})
         assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     port = _free_port()
@@ -131,3 +136,101 @@ def test_compare_two_cell_runs_in_the_mlflow_ui(browser, ui_on_experiment):
         for metric in ("em", "f1"):
             assert float(shown[metric][column]) == pytest.approx(expected[run_id][metric], abs=0.01), (metric, shown)
     print(f"compare view: EM {shown['em']}, F1 {shown['f1']} for runs {run_ids}; screenshots in {ARTIFACTS}")
+
+
+def _dismiss_overlays(browser) -> None:
+    """Close what MLflow 3.17 opens over the page on a first visit: the assistant panel and feature tips."""
+    from selenium.webdriver.common.by import By
+
+    for button in browser.find_elements(By.CSS_SELECTOR, "button[aria-label=Close]"):
+        if button.is_displayed():
+            button.click()
+    for button in browser.find_elements(By.TAG_NAME, "button"):
+        if button.is_displayed() and button.text.strip() == "Got it":
+            button.click()
+    time.sleep(0.5)
+
+
+def _grid_rows(browser, runs: list[str]) -> dict[str, dict[str, str]]:
+    """The rows of the runs table that show one of `runs` (run names), as {run name: {column id: cell text}}; AG
+    Grid keeps the pinned run names apart from the other columns, joined here by row index."""
+    from selenium.webdriver.common.by import By
+
+    names = {r.get_attribute("row-index"): next((n for n in runs if n in r.text), "")
+             for r in browser.find_elements(By.CSS_SELECTOR, "div.ag-pinned-left-cols-container [role=row]")}
+    return {names.get(r.get_attribute("row-index"), ""): {c.get_attribute("col-id"): c.text
+                                                          for c in r.find_elements(By.CSS_SELECTOR, "[role=gridcell]")}
+            for r in browser.find_elements(By.CSS_SELECTOR, "div.ag-center-cols-container [role=row]")}
+
+
+def _visible_text(browser, text: str) -> list:
+    from selenium.webdriver.common.by import By
+
+    literal = json.dumps(text, ensure_ascii=False)  # an XPath string literal; "·" as itself, not \u00b7
+    return [e for e in browser.find_elements(By.XPATH, f"//*[contains(text(), {literal})]") if e.is_displayed()]
+
+
+def test_dataset_metrics_outcome_table_and_traces_in_the_mlflow_ui(browser, ui_on_experiment):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    url, summary = ui_on_experiment
+    wait = WebDriverWait(browser, WAIT_S)
+    ARTIFACTS.mkdir(exist_ok=True)
+    experiment_id, cells = summary["mlflow_experiment_id"], sorted(summary["cells"])
+    browser.get(f"{url}/#/experiments/{experiment_id}/runs")
+    rows = "div.ag-pinned-left-cols-container [role=row]"
+    wait.until(lambda d: any("uicompare" in r.text for r in d.find_elements(By.CSS_SELECTOR, rows)))
+    _dismiss_overlays(browser)
+    default_columns = [h.text for h in browser.find_elements(By.CSS_SELECTOR, ".ag-header-cell") if h.text]
+    browser.save_screenshot(str(ARTIFACTS / "mlflow-runs-default.png"))
+
+    # (a) the Dataset column: every run, the cell runs included, names the questions it was run on
+    browser.find_element(By.CSS_SELECTOR, f"{rows} button.du-bois-light-btn-link").click()
+    wait.until(lambda d: all(c in _grid_rows(d, cells) for c in cells))
+    table = _grid_rows(browser, cells)
+    for cell in cells:
+        assert "jsonl:questions.jsonl" in table[cell]["attributes.`Dataset`"], table[cell]
+    browser.save_screenshot(str(ARTIFACTS / "mlflow-runs-dataset.png"))
+
+    # (d) EM and F1 columns: picked under Columns (not shown by default), then read per cell run
+    columns = next(b for b in browser.find_elements(By.TAG_NAME, "button") if b.text.strip() == "Columns")
+    columns.click()
+    for metric in ("em", "f1"):
+        wait.until(lambda d, m=metric: [e for e in d.find_elements(
+            By.XPATH, f"//span[contains(@class, 'tree-title') and normalize-space(text())='{m}']") if e.is_displayed()]
+                   )[0].click()
+    columns.click()
+    browser.execute_script("document.querySelector('.ag-body-horizontal-scroll-viewport').scrollLeft = 100000")
+    wait.until(lambda d: all(_grid_rows(d, cells).get(c, {}).get("metrics.`f1`") not in (None, "") for c in cells))
+    table = _grid_rows(browser, cells)
+    time.sleep(1)  # let the scroll settle before the picture
+    browser.save_screenshot(str(ARTIFACTS / "mlflow-runs-metrics.png"))
+    for cell in cells:
+        for metric in ("em", "f1"):
+            shown = float(table[cell][f"metrics.`{metric}`"])
+            assert shown == pytest.approx(summary["cells"][cell][metric], abs=0.01), (cell, metric, table[cell])
+
+    # (b) a cell run's artifacts: outcomes_table.json, shown as a table of question ids and predictions
+    cell = cells[0]
+    browser.get(f"{url}/#/experiments/{experiment_id}/runs/{summary['mlflow_cell_run_ids'][cell]}/artifacts")
+    wait.until(lambda d: _visible_text(d, "outcomes_table.json"))
+    _dismiss_overlays(browser)
+    _visible_text(browser, "outcomes_table.json")[0].click()
+    wait.until(lambda d: _visible_text(d, "View as table") and _visible_text(d, "prediction") and _visible_text(d, "q7"))
+    assert _visible_text(browser, "extraction_error") or _visible_text(browser, "correct")
+    browser.save_screenshot(str(ARTIFACTS / "mlflow-run-outcomes-table.png"))
+
+    # (c) the experiment's Traces tab: one trace per sampled question; one opened shows the lineage's spans
+    next(a for a in browser.find_elements(By.CSS_SELECTOR, "a") if a.is_displayed() and a.text.strip() == "Traces").click()
+    wait.until(lambda d: len(_visible_text(d, "Which entry mentions")) >= TRACES)
+    _dismiss_overlays(browser)
+    questions = {e.text for e in _visible_text(browser, "Which entry mentions")}
+    assert len(questions) == TRACES, questions
+    browser.save_screenshot(str(ARTIFACTS / "mlflow-traces.png"))
+    _visible_text(browser, "Which entry mentions")[0].click()
+    wait.until(lambda d: _visible_text(d, "retrieval") and _visible_text(d, "outcome") and _visible_text(d, "generation"))
+    assert all(_visible_text(browser, c) for c in cells)
+    time.sleep(1)
+    browser.save_screenshot(str(ARTIFACTS / "mlflow-trace-lineage.png"))
+    print(f"default runs-table columns: {default_columns}; {len(questions)} traces; screenshots in {ARTIFACTS}")
