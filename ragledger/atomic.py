@@ -65,3 +65,17 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
 def atomic_write_text(path: str | Path, text: str, encoding: str = "utf-8") -> None:
     """Write `text` to `path` atomically (temporary file, fsync, os.replace)."""
     atomic_write_bytes(path, text.encode(encoding))
+
+
+COMPLETE_MARKER = "ragledger-complete"  # written last into a built directory: its presence means the build finished
+
+
+def publish_dir(built: Path, target: Path, marker_text: str) -> None:
+    """Mark a directory built beside `target` complete and rename it into place. Two processes may build the same
+    index at once: the loser's rename fails, which is fine only when the winner's copy is complete."""
+    (built / COMPLETE_MARKER).write_text(marker_text)
+    try:
+        os.replace(built, target)
+    except OSError:
+        if not (target / COMPLETE_MARKER).exists():
+            raise

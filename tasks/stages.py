@@ -184,8 +184,26 @@ class RetrieveStage(Stage):
         return self.model_key is not None
 
 
+class CellStage(Stage):
+    """A stage of one cell (generate, vote, evaluate): its retriever, reader and label come from the cell."""
+
+    cell: Cell
+
+    @property
+    def retriever(self) -> str:
+        return self.cell.retriever
+
+    @property
+    def strategy(self) -> str:
+        return self.cell.reader
+
+    @property
+    def cell_label(self) -> str:
+        return self.cell.name
+
+
 @dataclass(frozen=True)
-class GenerateStage(Stage):
+class GenerateStage(CellStage):
     """One round of a cell's reader over one shard."""
 
     task_name: ClassVar[str] = "generate-round"
@@ -205,18 +223,6 @@ class GenerateStage(Stage):
                            *self.settings)
 
     @property
-    def retriever(self) -> str:
-        return self.cell.retriever
-
-    @property
-    def strategy(self) -> str:
-        return self.cell.reader
-
-    @property
-    def cell_label(self) -> str:
-        return self.cell.name
-
-    @property
     def result_stage(self) -> str:
         return f"generate round {self.round_no}"
 
@@ -226,7 +232,7 @@ class GenerateStage(Stage):
 
 
 @dataclass(frozen=True)
-class VoteStage(Stage):
+class VoteStage(CellStage):
     task_name: ClassVar[str] = "vote"
     stage: ClassVar[str] = "vote"
 
@@ -240,21 +246,9 @@ class VoteStage(Stage):
     def key(self) -> str:
         return stable_hash("vote", self.upstream, self.vote_version, self.vote)
 
-    @property
-    def retriever(self) -> str:
-        return self.cell.retriever
-
-    @property
-    def strategy(self) -> str:
-        return self.cell.reader
-
-    @property
-    def cell_label(self) -> str:
-        return self.cell.name
-
 
 @dataclass(frozen=True)
-class EvaluateStage(Stage):
+class EvaluateStage(CellStage):
     task_name: ClassVar[str] = "evaluate"
     stage: ClassVar[str] = "evaluate"
     version: ClassVar[str] = EVALUATE_VERSION
@@ -266,15 +260,3 @@ class EvaluateStage(Stage):
     @cached_property
     def key(self) -> str:
         return stable_hash("evaluate", self.upstream, self.version)
-
-    @property
-    def retriever(self) -> str:
-        return self.cell.retriever
-
-    @property
-    def strategy(self) -> str:
-        return self.cell.reader
-
-    @property
-    def cell_label(self) -> str:
-        return self.cell.name

@@ -34,3 +34,21 @@ def test_temp_names_carry_the_writer_pid_beside_the_target(tmp_path):
         assert inside.parent == tmp_path and inside.name.startswith(f".tmp-{os.getpid()}-")
         inside.write_bytes(b"x")
     assert (tmp_path / "seg.parquet").read_bytes() == b"x"
+
+
+def test_publish_dir_moves_a_build_into_place_and_a_lost_race_to_a_finished_build_is_fine(tmp_path):
+    from ragledger.atomic import COMPLETE_MARKER, publish_dir
+
+    target = tmp_path / "index"
+    for i in range(2):  # two builders of the same index; the second loses the rename
+        built = tmp_path / f"build{i}"
+        built.mkdir()
+        (built / "data").write_text(str(i))
+        publish_dir(built, target, "hash")
+    assert (target / "data").read_text() == "0" and (target / COMPLETE_MARKER).read_text() == "hash"
+    unfinished = tmp_path / "unfinished"
+    (unfinished / "x").mkdir(parents=True)  # a non-empty target without the marker: a broken earlier build
+    built = tmp_path / "build2"
+    built.mkdir()
+    with pytest.raises(OSError):
+        publish_dir(built, unfinished, "hash")

@@ -14,6 +14,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+from ragledger.atomic import COMPLETE_MARKER, publish_dir
 from tasks.retrievers.base import Corpus, Hit, LLMFn, Query, Retriever
 
 BM25_K1 = 0.9  # Anserini/Pyserini defaults
@@ -24,7 +25,7 @@ _lock = threading.Lock()
 
 def build_bm25_index(corpus: Corpus, index_root: Path, threads: int = 2, log=print) -> Path:
     target = index_root / f"bm25-{corpus.corpus_hash}"
-    if (target / "ragledger-complete").exists():
+    if (target / COMPLETE_MARKER).exists():
         return target
     from ragledger.java import ensure_jvm
 
@@ -46,12 +47,7 @@ def build_bm25_index(corpus: Corpus, index_root: Path, threads: int = 2, log=pri
              "-generator", "DefaultLuceneDocumentGenerator", "-threads", str(threads),
              "-storePositions", "-storeDocvectors", "-storeRaw", "-quiet"]
         )  # fmt: skip
-        (index_dir / "ragledger-complete").write_text(corpus.corpus_hash)
-        try:
-            os.replace(index_dir, target)
-        except OSError:
-            if not (target / "ragledger-complete").exists():  # lost a race only if the winner finished
-                raise
+        publish_dir(index_dir, target, corpus.corpus_hash)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     log(f"BM25 index ready: {target}")

@@ -10,7 +10,6 @@ reranker (`X@rr@k`) reuses these cached vectors for corpus passages.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 import threading
@@ -20,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ragledger import progress
+from ragledger.atomic import COMPLETE_MARKER, publish_dir
 from ragledger.semantic import EMBEDDING_MODEL, embed, embedding_model
 from tasks.retrievers.base import Corpus, Hit, LLMFn, Query, Retriever, reader_text
 
@@ -52,7 +52,7 @@ def passage_texts(corpus: Corpus) -> list[str]:
 def build_dense_index(corpus: Corpus, index_root: Path, log=print) -> Path:
     """Encode every passage once per corpus hash; return the index folder (reused when complete)."""
     target = index_root / f"dense-{DENSE_VERSION}-{corpus.corpus_hash}"
-    if (target / "ragledger-complete").exists():
+    if (target / COMPLETE_MARKER).exists():
         return target
     import faiss
 
@@ -83,12 +83,7 @@ def build_dense_index(corpus: Corpus, index_root: Path, log=print) -> Path:
         faiss.write_index(index, str(out / "index.faiss"))
         (out / "pids.json").write_text(json.dumps(corpus.passages["pid"].tolist()))
         meta = {"corpus_hash": corpus.corpus_hash, "model": EMBEDDING_MODEL, "passages": n}
-        (out / "ragledger-complete").write_text(json.dumps(meta))
-        try:
-            os.replace(out, target)
-        except OSError:
-            if not (target / "ragledger-complete").exists():  # lost a race only if the winner finished
-                raise
+        publish_dir(out, target, json.dumps(meta))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     log(f"dense index ready: {target}")
