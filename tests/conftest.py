@@ -17,6 +17,7 @@ DATA = Path(os.environ["RAGLEDGER_DATA"])
 SLOW = {
     "tests/test_mlflow_pending.py",  # MLflow stopped and killed mid-logging, on PostgreSQL: 1-2 minutes per test
     "tests/test_mlflow_postgres.py",  # starts PostgreSQL and an MLflow server
+    "tests/test_two_machines.py",  # two machines share one experiment through MLflow on PostgreSQL (~2 minutes)
     "tests/test_mlflow_pull.py",  # its shared store is a flow run logged to MLflow (~30 s), one test uses PostgreSQL
     "tests/test_mlflow_ui_browser.py",  # headless Chromium
     "tests/test_report_browser.py",  # headless Chromium
