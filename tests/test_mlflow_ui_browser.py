@@ -3,7 +3,9 @@ the experiment in `ragledger ui`, expands the experiment's parent run, selects i
 MLflow's compare view and reads their EM and F1 there. Then the views ragledger logs for a user to read there: the
 runs table's Dataset column, the EM and F1 columns (MLflow 3.17 shows no metric column by default: the user picks
 them under Columns, as the test does), a cell run's outcomes_table.json in its artifact viewer, and the Traces tab
-with the sampled questions' lineage. Screenshots go to test-artifacts/ for a human to see.
+with the sampled questions' lineage. And MLflow's "Artifact evaluation" view, where the two cell runs'
+outcomes_table.json (logged with log_table) are joined on qid, each run's prediction side by side in one row.
+Screenshots go to test-artifacts/ for a human to see.
 
 Needs /usr/bin/chromium and /usr/bin/chromedriver (infra/browser_deps.sh, which infra/test.sh runs)."""
 
@@ -234,3 +236,86 @@ def test_dataset_metrics_outcome_table_and_traces_in_the_mlflow_ui(browser, ui_o
     time.sleep(1)
     browser.save_screenshot(str(ARTIFACTS / "mlflow-trace-lineage.png"))
     print(f"default runs-table columns: {default_columns}; {len(questions)} traces; screenshots in {ARTIFACTS}")
+
+
+def test_evaluation_view_compares_two_cell_runs_outcome_tables_by_qid(browser, ui_on_experiment, tmp_path):
+    """MLflow's "Artifact evaluation" view (the third view-mode button over the runs table, ?compareRunsMode=ARTIFACT):
+    the tables logged with log_table by the visible runs, joined row by row on a "Group by" column, one column per
+    run showing the "Compare" column. Here: the parent run hidden (eye icon), the two cell runs' outcomes_table.json
+    grouped by qid, compared on prediction; each cell's own prediction for one question sits in that question's row."""
+    from mlflow.tracking import MlflowClient
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    url, summary = ui_on_experiment
+    wait = WebDriverWait(browser, WAIT_S)
+    ARTIFACTS.mkdir(exist_ok=True)
+    experiment_id, cells = summary["mlflow_experiment_id"], sorted(summary["cells"])
+    cell_runs = {summary["mlflow_cell_run_ids"][c]: c for c in cells}
+
+    # what each cell run logged, read back through MLflow: {run id: {qid: prediction}}
+    client = MlflowClient(summary["tracking_uri"])
+    predictions = {}
+    for run_id in cell_runs:
+        logged = json.loads(Path(client.download_artifacts(run_id, "outcomes_table.json", str(tmp_path))).read_text())
+        at = {name: i for i, name in enumerate(logged["columns"])}
+        predictions[run_id] = {row[at["qid"]]: row[at["prediction"]] for row in logged["data"]}
+    qids = sorted(set.intersection(*(set(p) for p in predictions.values())))
+    differing = [q for q in qids if len({p[q] for p in predictions.values()}) > 1]
+    qid = (differing or qids)[-1]  # a question the two cells answered differently, if there is one
+
+    browser.get(f"{url}/#/experiments/{experiment_id}/runs")
+    rows = "div.ag-pinned-left-cols-container [role=row]"
+    wait.until(lambda d: any("uicompare" in r.text for r in d.find_elements(By.CSS_SELECTOR, rows)))
+    _dismiss_overlays(browser)
+    browser.find_element(By.CSS_SELECTOR, f"{rows} button.du-bois-light-btn-link").click()
+    wait.until(lambda d: all(c in _grid_rows(d, cells) for c in cells))
+
+    # the view-mode buttons over the runs table: Table, Chart, Artifact evaluation
+    mode = browser.find_element(By.CSS_SELECTOR, "input[type=radio][value=ARTIFACT]")
+    browser.execute_script("arguments[0].click();", mode)
+    wait.until(lambda d: "compareRunsMode=ARTIFACT" in d.current_url)
+    table_picker = "[data-testid=dropdown-tables]"
+    wait.until(lambda d: "outcomes_table.json" in d.find_element(By.CSS_SELECTOR, table_picker).text)
+    _dismiss_overlays(browser)
+
+    # the compared runs are the visible ones: hide the parent run (it logs no table), keep the two cell runs
+    eye = "input.is-visibility-toggle-checkbox"
+    left = {r.get_attribute("row-id"): r for r in browser.find_elements(By.CSS_SELECTOR, rows)
+            if r.find_elements(By.CSS_SELECTOR, eye)}  # row ids are run ids; the joined table's rows have none
+    assert set(cell_runs) < set(left), (left.keys(), cell_runs)
+    for run_id, run_row in left.items():
+        if run_id not in cell_runs:
+            run_row.find_element(By.CSS_SELECTOR, eye).find_element(By.XPATH, "..").click()
+
+    def group_by(d):
+        return d.find_element(By.CSS_SELECTOR, "button[aria-label='Select \"group by\" columns']").text
+
+    wait.until(lambda d: "qid" in group_by(d))
+    compare = browser.find_element(By.XPATH, "//button[@role='combobox'][.//span[normalize-space()='Compare:']]")
+    compare.click()
+    wait.until(lambda d: [e for e in d.find_elements(By.XPATH, "//*[@role='option'][normalize-space()='prediction']")
+                          if e.is_displayed()])[0].click()
+    wait.until(lambda d: "prediction" in compare.text)
+    browser.find_element(By.TAG_NAME, "body").send_keys(Keys.ESCAPE)  # close the option list before the picture
+
+    # the joined table: one row per qid, one column per compared run (col-id = run id)
+    row = f"div.ag-center-cols-container [role=row][row-id='{qid}']"
+
+    def shown(d) -> dict[str, str]:
+        return {c.get_attribute("col-id"): c.text for c in d.find_elements(By.CSS_SELECTOR, f"{row} [role=gridcell]")}
+
+    wait.until(lambda d: all(shown(d).get(r) == predictions[r][qid] for r in cell_runs) and len(shown(d)) == 3)
+    cells_shown = shown(browser)
+    assert set(cells_shown) == {"qid", *cell_runs}, cells_shown  # the parent's column is gone: two runs compared
+    assert cells_shown["qid"] == qid
+    headers = {r: browser.find_element(By.CSS_SELECTOR, f"[role=columnheader][col-id='{r}']").get_attribute("textContent")
+               for r in cell_runs}
+    assert all(cell_runs[r] in headers[r] for r in cell_runs), headers  # each column headed by its cell run's name
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'});",
+                           browser.find_element(By.CSS_SELECTOR, row))
+    time.sleep(1)  # let the scroll settle before the picture
+    browser.save_screenshot(str(ARTIFACTS / "mlflow-compare-outcomes.png"))
+    print(f"evaluation view, {qid}: " + "; ".join(f"{cell_runs[r]} -> {cells_shown[r]!r}" for r in cell_runs)
+          + f" ({len(differing)} of {len(qids)} questions answered differently)")
