@@ -142,10 +142,9 @@ def corpus_hash_for(spec: ExperimentSpec) -> str:
     """The corpus's content hash when a retriever needs the corpus ("" otherwise): it enters the retrieve keys."""
     if not any(parse_retriever(r).needs_corpus for r in spec.retrievers):
         return ""
-    from ragledger.datasets import load_corpus
     from tasks.retrievers import Corpus
 
-    return Corpus.from_frame(load_corpus(spec.corpus.name, list(spec.corpus.paths))).corpus_hash
+    return Corpus.load(spec.corpus.name, tuple(spec.corpus.paths)).corpus_hash
 
 
 def plan(spec: ExperimentSpec, questions: Sequence[Question], *, store_root: str | None = None,

@@ -14,7 +14,6 @@ from pathlib import Path
 
 from prefect import task
 
-from ragledger.datasets import load_corpus
 from ragledger.llm import LLMClient, api_key_from_env
 from ragledger.llm_http import Endpoint
 from ragledger.paths import StoreLayout
@@ -30,13 +29,8 @@ def index_root_for(store_root: str) -> Path:
     return StoreLayout.of(store_root).indexes
 
 
-@functools.lru_cache(maxsize=4)
-def _corpus(name: str, paths: tuple[str, ...]) -> Corpus:
-    return Corpus.from_frame(load_corpus(name, list(paths)))
-
-
 def corpus_for(spec: ExperimentSpec) -> Corpus:
-    return _corpus(spec.corpus.name, tuple(spec.corpus.paths))
+    return Corpus.load(spec.corpus.name, tuple(spec.corpus.paths))
 
 
 _retrievers: dict[tuple[str, str, str], Retriever] = {}

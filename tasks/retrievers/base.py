@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -61,6 +62,12 @@ class Corpus:
         h = stable_hash("corpus", df["pid"].tolist(), df["title"].tolist(), df["text"].tolist())
         return cls(df, h)
 
+    @classmethod
+    def load(cls, name: str, paths: tuple[str, ...]) -> Corpus:
+        """The spec's corpus, read and hashed once per process: the plan needs its hash for the retrieve keys, and the
+        stages (and a cached rerun's check) need the same corpus, so they share one load."""
+        return _load_corpus(name, tuple(paths))
+
     def lookup(self) -> dict[str, tuple[str, str]]:
         # built once per process under a lock: every retrieval shard task asks for it at the same moment, and
         # column .tolist() rather than iterating Arrow-backed columns element by element (measured: half a
@@ -100,3 +107,10 @@ class Retriever(ABC):
     @abstractmethod
     def retrieve(self, queries: list[Query], llm: LLMFn | None = None) -> dict[str, list[Hit]]:
         """Top hits per query id, best first. `llm` is required when `needs_llm`."""
+
+
+@functools.lru_cache(maxsize=4)
+def _load_corpus(name: str, paths: tuple[str, ...]) -> Corpus:
+    from ragledger.datasets import load_corpus
+
+    return Corpus.from_frame(load_corpus(name, list(paths)))
