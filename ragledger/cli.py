@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, NoReturn
 import typer
 from rich.table import Table
 
-from ragledger.cli_common import console, err, fail, preflight, usage_error, user_errors
+from ragledger.cli_common import DEFAULT_STORE, console, err, fail, preflight, usage_error, user_errors
 
 if TYPE_CHECKING:
     from schemas.spec import AnySpec
@@ -282,7 +282,7 @@ def recall(
     dataset: Annotated[str, typer.Option(help="dataset format")] = "squad",
     path: Annotated[str, typer.Option(help="dataset file")] = "squad/dev-v1.1.json.gz",
     seed: Annotated[int, typer.Option(help="sampling seed")] = 0,
-    store: Annotated[str, typer.Option(help=f"event store directory; {INDEXES_HELP}")] = ".ragledger/store",
+    store: Annotated[str, typer.Option(help=f"event store directory; {INDEXES_HELP}")] = DEFAULT_STORE,
 ) -> None:
     """Retrieval only (no model): Recall@k and gold-paragraph hit rate per retriever over the SQuAD paragraphs."""
     from schemas.spec import parse_spec
@@ -354,7 +354,7 @@ def eval_predictions(
 
 
 @store_app.command("verify")
-def store_verify(store: Annotated[str, typer.Option(help="event store directory")] = ".ragledger/store") -> None:
+def store_verify(store: Annotated[str, typer.Option(help="event store directory")] = DEFAULT_STORE) -> None:
     """Check every segment against its checksum and schema."""
     from rich.markup import escape
 

@@ -17,10 +17,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ragledger.cli_common import console, err, fail
+from ragledger.cli_common import DEFAULT_STORE, console, err, fail
 from ragledger.cli_share import MlflowPullOpt, pull_if_missing
 
-DEFAULT_STORE = ".ragledger/store"
 FORMATS = ("table", "csv", "json", "parquet")
 ERROR_TYPE_HELP = "correct, lucky_guess, retrieval_failure, extraction_error, hallucination_error or abstention"
 

@@ -10,6 +10,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+DEFAULT_STORE = ".ragledger/store"  # the spec's tracking.store default, for commands that take --store alone
+
 if TYPE_CHECKING:
     from schemas.spec import AnySpec
 

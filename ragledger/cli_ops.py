@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from ragledger.cli_common import console, fail, preflight, usage_error, user_errors
+from ragledger.cli_common import DEFAULT_STORE, console, fail, preflight, usage_error, user_errors
 
 server_app = typer.Typer(help="The long-running local Prefect server (schedules, flow-run history, Prefect UI).",
                          no_args_is_help=True)
@@ -197,7 +197,7 @@ def _mlflow_run_of(store_root: str | None, experiment: str, flow_run_id: str) ->
 
 
 def sync(
-    store: Annotated[str, typer.Option(help="event store directory")] = ".ragledger/store",
+    store: Annotated[str, typer.Option(help="event store directory")] = DEFAULT_STORE,
     tracking_uri: Annotated[str | None, typer.Option(help="log here instead of the URI each run was meant for")] = None,
     all_executions: Annotated[bool, typer.Option("--all", help="also every execution in the store that has no "
                                                  "runs at the URI: rebuild a lost or new MLflow database")] = False,

@@ -11,9 +11,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from ragledger.cli_common import console, err, fail
-
-DEFAULT_STORE = ".ragledger/store"
+from ragledger.cli_common import DEFAULT_STORE, console, err, fail
 
 StoreOpt = Annotated[str, typer.Option("--store", help="event store directory (its call cache is llm_cache.sqlite in it)")]
 MlflowUriOpt = Annotated[str | None, typer.Option(
