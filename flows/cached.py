@@ -16,7 +16,7 @@ from typing import Any
 from flows.plan import ExperimentPlan, plan
 from ragledger.datasets import load_questions, sample_questions
 from ragledger.paths import StoreLayout
-from schemas.spec import ExperimentSpec, parse_spec
+from schemas.spec import AnySpec, ExperimentSpec, parse_spec
 from tracking.events import event_id
 
 # what a rerun served from the caches reports (it made no call and ran no task)
@@ -60,7 +60,7 @@ def resolved(paths: list[str]) -> list[Path]:
     return [Path(p).resolve() for p in paths]
 
 
-def cached_result(spec: dict[str, Any] | ExperimentSpec, store: str | Path | None = None) -> dict[str, Any] | None:
+def cached_result(spec: dict[str, Any] | AnySpec, store: str | Path | None = None) -> dict[str, Any] | None:
     """The run summary of `spec` when every cell's outcome is already in the store (`store`, default the spec's
     tracking.store), else None: then run the flow. Reads the dataset and, for a retriever with an index, the corpus
     (its hash enters the keys); starts nothing. The summary is the matching run's, with its manifest and MLflow
@@ -68,11 +68,8 @@ def cached_result(spec: dict[str, Any] | ExperimentSpec, store: str | Path | Non
     filter (which questions it drops is known only from its model answers)."""
     started = time.perf_counter()
     if isinstance(spec, dict):
-        parsed = parse_spec(spec)
-        if not isinstance(parsed, ExperimentSpec):
-            return None
-        spec = parsed
-    if spec.dataset.closed_book_filter:
+        spec = parse_spec(spec)
+    if not isinstance(spec, ExperimentSpec) or spec.dataset.closed_book_filter:  # a sweep, or the filter
         return None
     store_root = str(store or spec.tracking.store)
     questions = sample_questions(load_questions(spec.dataset.name, spec.dataset.path), spec.dataset.limit, spec.dataset.seed)
