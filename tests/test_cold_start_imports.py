@@ -3,8 +3,8 @@ starts. Timing is measured in tests/benchmarks/test_cold_start.py; these tests c
 
 - A fresh process importing the CLI and the flow modules (all that `ragledger run` imports before the flow
   starts) loads none of torch, transformers, sentence-transformers, Pyserini (and its JVM bridge), ONNX Runtime
-  or MLflow: each is imported inside the function that needs it (ragledger/semantic.py, tasks/retrievers/bm25.py,
-  ragledger/java.py, tracking/mlflow_log.py).
+  or MLflow: each is imported inside the function that needs it (ragledger/onnx_encoder.py, tasks/retrievers/bm25.py,
+  ragledger/java.py, tracking/mlflow_log.py); the semantic match itself never imports torch.
 - A rerun answered entirely from the caches starts no JVM, searches no BM25 index, loads no embedding model and
   makes no model call (flows/experiment.py starts the model endpoint only when a task must call it).
 """
@@ -35,6 +35,17 @@ def test_the_run_path_imports_nothing_heavy():
     assert heavy_modules_after("import ragledger.cli, flows.experiment, flows.sweep") == []
 
 
+def test_the_semantic_match_imports_no_torch():
+    """The evaluate stage's semantic match (and every other embedding) runs the exported ONNX graph with the model's
+    own tokenizer: a run never imports torch, transformers or sentence-transformers once the graph is exported
+    (infra/setup.sh exports it; exporting here makes the test independent of that)."""
+    from ragledger.onnx_encoder import export_graph
+
+    export_graph()
+    statement = "from ragledger.semantic import max_similarity; max_similarity(['Denver'], [['Denver Broncos']])"
+    assert heavy_modules_after(statement) == ["onnxruntime"]
+
+
 def test_the_check_sees_a_heavy_import():
     """The check above is real: a module importing Pyserini at module level would be seen (its package alone: the
     pyserini.search modules would pull in torch and the JVM, seconds for nothing)."""
@@ -53,12 +64,13 @@ def test_a_cached_rerun_starts_no_jvm_and_no_embedding_model(workspace, prefect_
             return fail
 
         import ragledger.java
+        import ragledger.onnx_encoder
         import ragledger.semantic
         import tasks.retrievers.bm25
 
         monkeypatch.setattr(ragledger.java, "ensure_jvm", refuse("started the JVM"))
         monkeypatch.setattr(tasks.retrievers.bm25, "_searcher", refuse("opened a BM25 searcher"))
-        monkeypatch.setattr(ragledger.semantic, "embedding_model", refuse("loaded the embedding model"))
+        monkeypatch.setattr(ragledger.onnx_encoder, "_session", refuse("loaded the embedding model"))
         monkeypatch.setattr(ragledger.semantic, "embed", refuse("embedded answers"))
         second = run_flow(spec)
         assert second["llm_calls"] == 0 and server.calls == calls

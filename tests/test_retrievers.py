@@ -151,21 +151,21 @@ def test_dense_retrieves_offline_and_caches_the_index(corpus, tmp_path):
 
 
 def test_the_onnx_encoder_gives_sentence_transformers_vectors(data_dir, tmp_path, monkeypatch):
-    """The dense index is encoded through ONNX Runtime: the same vectors as sentence-transformers' (cosine > 0.99999)
-    on real SQuAD paragraphs of very different lengths, in the order given."""
+    """Every embedding goes through ONNX Runtime with the model's own tokenizer: the same vectors as
+    sentence-transformers' (cosine > 0.99999) on real SQuAD paragraphs of very different lengths and on short
+    answers, in the order given."""
     import gzip
     import json
 
     from ragledger import onnx_encoder
-    from ragledger.semantic import embedding_model
 
     monkeypatch.setenv("RAGLEDGER_HOME", str(tmp_path))  # exports the graph afresh
     onnx_encoder._session.cache_clear()
     with gzip.open(data_dir / "squad" / "dev-v1.1.json.gz", "rt") as f:
         paragraphs = [p["context"] for a in json.load(f)["data"][:2] for p in a["paragraphs"]]
-    texts = [*paragraphs[:40], "Paris", "a b c"]
+    texts = [*paragraphs[:40], "Paris", "a b c", "Denver Broncos", "1,000 km²", "Saint Bernadette Soubirous", ""]
     ours = onnx_encoder.encode(texts)
-    theirs = embedding_model().encode(texts, normalize_embeddings=True)
+    theirs = onnx_encoder.sentence_transformer().encode(texts, normalize_embeddings=True)
     assert ours.shape == theirs.shape and (ours * theirs).sum(axis=1).min() > 0.99999
     assert (tmp_path / "models" / f"{onnx_encoder.ONNX_VERSION}.onnx").is_file()
     onnx_encoder._session.cache_clear()
