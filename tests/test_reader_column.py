@@ -1,11 +1,10 @@
 """The reader column in a store that also holds segments with it under its earlier name, `strategy`.
 
-Segments are never rewritten, so a store may hold both kinds (an experiment extended after the column was renamed).
-Here cell `a`'s records sit in hand-made segments with a `strategy` column, cell `b`'s in segments written now, and a
-later segment holds some of cell `a`'s outcomes again under the name `reader` (overlapping segments of both names).
-Every reader of the store sees one `reader` column: EventStore.read, the query views (which keep `strategy` as the
-same column, last), the records of a trace, `store verify`, the check of a pulled segment, `errors`, `trace` and
-`analyze`.
+Segments are never rewritten, so one store, even one experiment, may hold segments of both names. Here cell `a`'s
+records sit in hand-made segments with a `strategy` column, cell `b`'s in segments written now, and a later segment
+holds some of cell `a`'s outcomes again under the name `reader` (overlapping segments of both names). Every reader of
+the store sees one `reader` column: EventStore.read, the query views (which keep `strategy` as the same column,
+last), the records of a trace, `store verify`, the check of a pulled segment, `errors`, `trace` and `analyze`.
 """
 
 from __future__ import annotations
