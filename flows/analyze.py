@@ -124,7 +124,7 @@ def write_outputs(res: AnalysisResult, out_dir: Path, store_root: str | Path | N
     put("inconsistency.parquet", res.inconsistency)
     put("rwr.parquet", rwr_long(res.groups))
     put("per_error_rwr.parquet", per_error_long(res.groups))
-    keep = ["experiment", "cell", "qid", "retriever", "strategy", "model", "prediction", "em", "f1", "error_type",
+    keep = ["experiment", "cell", "qid", "retriever", "reader", "model", "prediction", "em", "f1", "error_type",
             *an.ERROR_INDICATORS, "correct", "fail"]
     put("decomposition.parquet", res.decomposition[[c for c in keep if c in res.decomposition.columns]])
     put("error_shares.parquet", res.shares)

@@ -1,4 +1,4 @@
-"""A cell of an experiment: one retriever x one reader (the spec's strategy label) x one model.
+"""A cell of an experiment: one retriever x one reader (the spec's reader label) x one model.
 
 Its name, "retriever · reader · model", is what stores, MLflow runs and tables key cells by; this is the one place
 that builds and splits it.
@@ -15,7 +15,7 @@ ENSEMBLE_PREFIX = "eor("  # tracking/eor.py names its ensemble retriever eor(<me
 @dataclass(frozen=True, order=True)
 class Cell:
     retriever: str
-    reader: str  # the spec's strategy label (ReaderEntry.key): the reader's name plus any non-default setting
+    reader: str  # the spec's reader label (ReaderEntry.key): the reader's name plus any non-default setting
     model: str  # the model's display name
 
     @property

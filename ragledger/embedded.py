@@ -178,9 +178,9 @@ def embedded_endpoints(
     model_name: str, context_window: int = 4096, needs_logprobs: bool = False, log=print
 ) -> Iterator[Endpoints]:
     """The embedded model for a run: one server without `logits_all` for ordinary calls and, only when a
-    strategy of the run needs log-probabilities, a second one with it for those calls. Measured on the 0.5B
+    reader of the run needs log-probabilities, a second one with it for those calls. Measured on the 0.5B
     model (2 cores, ~1,000-token prompt): 160 tok/s prompt evaluation without logits_all, 110 with it, so
-    sending every call of a mixed run to a logits_all server made all strategies pay for REFEED's ensemble.
+    sending every call of a mixed run to a logits_all server made all readers pay for REFEED's ensemble.
     The client serialises calls across both servers (one CPU), see LLMClient."""
     with contextlib.ExitStack() as stack:
         base_url = stack.enter_context(embedded_server(model_name, context_window, log=log))

@@ -61,7 +61,7 @@ class RetrievalRecord(EventColumns):
 class GenerationRecord(EventColumns):
     qid: Series[str] = pa.Field(str_length={"min_value": 1})
     retriever: Series[str]
-    strategy: Series[str]
+    reader: Series[str]  # the spec's reader label (ReaderEntry.key), as in the cell name
     round: Series[int] = pa.Field(ge=1)
     role: Series[str]
     call_index: Series[int] = pa.Field(ge=0)
@@ -94,7 +94,7 @@ class GenerationRecord(EventColumns):
 class VoteRecord(EventColumns):
     qid: Series[str] = pa.Field(str_length={"min_value": 1})
     retriever: Series[str]
-    strategy: Series[str]
+    reader: Series[str]
     method: Series[str]
     candidates: Series[object]
     scores: Series[object]
@@ -118,7 +118,7 @@ ERROR_TYPES = [
 class OutcomeRecord(EventColumns):
     qid: Series[str] = pa.Field(str_length={"min_value": 1})
     retriever: Series[str]
-    strategy: Series[str]
+    reader: Series[str]
     model: Series[str]
     prediction: Series[str]
     em: Series[float] = pa.Field(ge=0, le=1)
@@ -126,15 +126,15 @@ class OutcomeRecord(EventColumns):
     semantic_match: Series[float] = pa.Field(nullable=True)
     is_unknown: Series[bool]
     # a gold answer occurs in the context the reader saw in its final round (seed 002's decomposition): the
-    # cell's retrieval, or the feedback documents of a strategy that retrieves its own (REFEED)
+    # cell's retrieval, or the feedback documents of a reader that retrieves its own (REFEED)
     gold_in_context: Series[bool]
     # the answer pool (the vote's candidates, or the one answer) holds a correct answer (seed 001's %NM);
     # null in segments written before a single answer counted as a one-answer pool
     pool_has_correct: Series[bool] = pa.Field(nullable=True)
     # a gold answer occurs in the cell's own retrieval (Recall@k). Optional: older segments read it as null
     gold_in_retrieval: Optional[Series[bool]] = pa.Field(nullable=True)  # noqa: UP045 (pandera needs Optional here)
-    # a gold answer occurs in the feedback documents the strategy retrieved itself (REFEED's refine call: Q+A, or
-    # Q+A1..An with MODULE-1); null for strategies without feedback retrieval. Optional: segments written before
+    # a gold answer occurs in the feedback documents the reader retrieved itself (REFEED's refine call: Q+A, or
+    # Q+A1..An with MODULE-1); null for readers without feedback retrieval. Optional: segments written before
     # the column existed stay valid and read it as null.
     gold_in_feedback: Optional[Series[bool]] = pa.Field(nullable=True)  # noqa: UP045 (pandera needs Optional here)
     error_type: Series[str] = pa.Field(isin=ERROR_TYPES)
@@ -152,15 +152,39 @@ RECORD_MODELS: dict[str, type[EventColumns]] = {
 }
 
 
+# a column's earlier name -> its name now: a segment may hold the reader column as `strategy`. Segments are never
+# rewritten, so whatever reads them renames (`current_names`, EventStore.read, the views of tracking/query.py)
+RENAMED_COLUMNS = {"strategy": "reader"}
+
+
+def current_names(df: pd.DataFrame) -> pd.DataFrame:
+    """`df` with each column of an earlier name (RENAMED_COLUMNS) under its name now. A frame holding both names
+    (rows of older and newer segments side by side) gets one column, at the first of the two places, each row's
+    value from whichever of the two it has."""
+    for old, new in RENAMED_COLUMNS.items():
+        if old not in df.columns:
+            continue
+        if new not in df.columns:
+            df = df.rename(columns={old: new})
+            continue
+        cols = list(df.columns)
+        first = min(cols.index(old), cols.index(new))
+        merged = df[new].where(df[new].notna(), df[old])
+        df = df.drop(columns=[old, new])
+        df.insert(min(first, len(df.columns)), new, merged)
+    return df
+
+
 class RecordValidationError(ValueError):
     """A batch of records failed its schema; nothing was written."""
 
 
 def validate_records(kind: str, df: pd.DataFrame) -> pd.DataFrame:
-    """Validate a batch against its schema, or raise naming kind, column, check and offending rows."""
+    """Validate a batch against its schema, or raise naming kind, column, check and offending rows. Columns of an
+    earlier name (a segment written before the rename) are validated, and returned, under their name now."""
     model = RECORD_MODELS[kind]
     try:
-        return model.validate(df, lazy=True)
+        return model.validate(current_names(df), lazy=True)
     except pa.errors.SchemaErrors as exc:
         cases = exc.failure_cases
         lines = [f"{kind}: {len(cases)} schema failure(s); nothing was written"]

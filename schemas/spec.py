@@ -175,7 +175,7 @@ class ReaderEntry(_Strict):
 
     @property
     def key(self) -> str:
-        """The strategy label used in cells and records: the name, plus any non-default setting."""
+        """The reader label used in cell names and the records' `reader` column: the name, plus any non-default setting."""
         if self.label:
             return self.label
         default = ReaderEntry(name=self.name).model_dump(exclude={"name", "label"})

@@ -19,7 +19,7 @@ from tasks.context import llm_client_for, stage_task
 from tasks.generate import generation_rows, history_by_question, to_request
 from tasks.readers.base import Call, ReaderInput, ReaderSettings
 from tasks.readers.concatenation import Concatenation
-from tasks.stages import FILTER_RETRIEVER, FILTER_STRATEGY, FilterStage, RunContext, StageResult
+from tasks.stages import FILTER_READER, FILTER_RETRIEVER, FilterStage, RunContext, StageResult
 from tracking.events import new_events
 
 
@@ -53,7 +53,7 @@ def run_closed_book_filter(run: RunContext, stage: FilterStage, base_url: str) -
         return await asyncio.gather(*(client.complete(req) for _, _, _, req in planned))
 
     responses: list[LLMResponse] = run_on_engine(run_all()) if planned else []
-    rows = generation_rows(spec, Concatenation(), FILTER_RETRIEVER, 1, stage.key, planned, responses, client, FILTER_STRATEGY)
+    rows = generation_rows(spec, Concatenation(), FILTER_RETRIEVER, 1, stage.key, planned, responses, client, FILTER_READER)
     segment = store.write("generations", new_events("generations", spec.name, rows)) if rows else None
     return stage.result(run, segment, len(rows), client.counters.as_stage_counters())
 

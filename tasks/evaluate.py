@@ -5,7 +5,7 @@ guess; an "unknown" answer is an abstention; wrong with RE is a retrieval failur
 RE is an extraction error when the prediction occurs in the context, else a hallucination error.
 
 "The reader's context" is what the reader read in its final round: the cell's retrieval, except for a
-strategy that retrieves its own feedback documents (REFEED's refine step reads the question+answer
+reader that retrieves its own feedback documents (REFEED's refine step reads the question+answer
 retrieval), where it is those documents. `gold_in_retrieval` keeps the cell's retrieval apart for Recall@k.
 
 The answer pool (seed 001's %NM): the vote's candidates; a single answer is a one-answer pool, so a
@@ -50,7 +50,7 @@ def outcome_rows(
     experiment: str,
     cell: str,
     retriever: str,
-    strategy: str,
+    reader: str,
     model: str,
     stage_key: str,
     questions: pd.DataFrame,
@@ -94,7 +94,7 @@ def outcome_rows(
                 "cell": cell,
                 "qid": v.qid,
                 "retriever": retriever,
-                "strategy": strategy,
+                "reader": reader,
                 "model": model,
                 "prediction": pred,
                 "em": em,
@@ -122,7 +122,7 @@ def pool_has_correct(candidates: Sequence[str], chosen: str, golds: list[str]) -
 
 def feedback_contexts(questions: pd.DataFrame, generations: pd.DataFrame,
                       feedback_documents: Callable[[str, str, str], str | None] | None) -> dict[str, str]:
-    """qid -> the text of the feedback documents the strategy's own calls carried (`Reader.feedback_documents`)."""
+    """qid -> the text of the feedback documents the reader's own calls carried (`Reader.feedback_documents`)."""
     if feedback_documents is None or generations.empty or "prompt" not in generations:
         return {}
     texts = dict(zip(questions["qid"], questions["question"], strict=True)) if "question" in questions else {}
@@ -141,7 +141,7 @@ def run_evaluate(run: RunContext, stage: EvaluateStage, retrieval_segments: list
     retrievals = store.read("retrievals", paths=[p for p in retrieval_segments if p])
     generations = store.read("generations", paths=[p for p in generation_segments if p])
     votes = store.read("votes", paths=[vote_segment] if vote_segment else [])
-    reader = get_reader(spec.reader_entry(stage.strategy).name)
+    reader = get_reader(spec.reader_entry(stage.reader).name)
     cell = stage.cell
     rows = outcome_rows(
         spec.name, cell.name, cell.retriever, cell.reader, cell.model, stage.key,

@@ -1,6 +1,6 @@
 """Stage 2 — generate: one round of a reader strategy over a shard, model calls run concurrently.
 
-The strategy plans the calls (pure); this stage executes them through the cached `LLMClient` and
+The reader plans the calls (pure); this stage executes them through the cached `LLMClient` and
 stores each call as a GenerationRecord with its prompt, raw output and parsed answer.
 """
 
@@ -110,14 +110,14 @@ def generation_rows(
     planned: list[tuple[str, int, Call, LLMRequest]],
     responses: list[LLMResponse],
     client: LLMClient,
-    strategy: str | None = None,
+    reader_label: str | None = None,
     prompt_version: str | None = None,
 ) -> list[dict[str, Any]]:
     rows = []
     prompt_version = prompt_version or reader.prompt_version
     model = spec.model.display_name
-    strategy = strategy or reader.name  # the spec's label (name plus non-default settings)
-    cell = Cell(retriever_name, strategy, model).name
+    label = reader_label or reader.name  # the spec's label (ReaderEntry.key: name plus non-default settings)
+    cell = Cell(retriever_name, label, model).name
     for (qid, call_index, call, req), resp in zip(planned, responses, strict=True):
         answer, status = parse_output(resp.text, call.parser)
         call_id = client.cache_key(req)
@@ -127,7 +127,7 @@ def generation_rows(
                 "cell": cell,
                 "qid": qid,
                 "retriever": retriever_name,
-                "strategy": strategy,
+                "reader": label,
                 "round": round_no,
                 "role": call.role,
                 "call_index": call_index,
@@ -157,7 +157,7 @@ def generation_rows(
 def run_generate_round(run: RunContext, stage: GenerateStage, base_url: str, retrieval_segments: list[str | None],
                        previous_segments: list[str | None], logprobs_base_url: str | None = None) -> StageResult:
     spec, store = run.spec(), run.store()
-    entry = spec.reader_entry(stage.strategy)
+    entry = spec.reader_entry(stage.reader)
     reader = get_reader(entry.name)
     questions = run.questions(store, stage.qids)
     retrievals = store.read("retrievals", paths=[p for p in retrieval_segments if p])
@@ -171,7 +171,7 @@ def run_generate_round(run: RunContext, stage: GenerateStage, base_url: str, ret
     client = llm_client_for(spec, base_url, run.store_root, logprobs_base_url)
     responses = run_on_engine(complete_all(client, planned, stage)) if planned else []
     rows = generation_rows(spec, reader, stage.retriever, stage.round_no, stage.key, planned, responses, client,
-                           stage.strategy, reader.version_for(settings))
+                           stage.reader, reader.version_for(settings))
     segment = store.write("generations", new_events("generations", spec.name, rows)) if rows else None
     return stage.result(run, segment, len(rows), client.counters.as_stage_counters())
 

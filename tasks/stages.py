@@ -28,7 +28,7 @@ KEY_VERSION = "1"
 EVALUATE_VERSION = "eval-3"  # eval-3: final-round context, gold_in_retrieval, one-answer pools
 FILTER_VERSION = "closed-book-filter-1"
 FILTER_RETRIEVER = "none"
-FILTER_STRATEGY = "closed_book_filter"
+FILTER_READER = "closed_book_filter"
 
 
 @dataclass(frozen=True)
@@ -150,7 +150,7 @@ class FilterStage(Stage):
 
     @property
     def cell_label(self) -> str:
-        return Cell(FILTER_RETRIEVER, FILTER_STRATEGY, self.model).name
+        return Cell(FILTER_RETRIEVER, FILTER_READER, self.model).name
 
     @property
     def calls_model(self) -> bool:
@@ -194,7 +194,7 @@ class CellStage(Stage):
         return self.cell.retriever
 
     @property
-    def strategy(self) -> str:
+    def reader(self) -> str:
         return self.cell.reader
 
     @property
@@ -219,7 +219,7 @@ class GenerateStage(CellStage):
 
     @cached_property
     def key(self) -> str:
-        return stable_hash("generate", self.upstream, self.strategy, self.prompt_version, self.model_key, self.round_no,
+        return stable_hash("generate", self.upstream, self.reader, self.prompt_version, self.model_key, self.round_no,
                            *self.settings)
 
     @property

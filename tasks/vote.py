@@ -1,4 +1,4 @@
-"""Stage 3 — vote: the strategy's decision over all of a question's generations, as VoteRecords."""
+"""Stage 3 — vote: the reader's decision over all of a question's generations, as VoteRecords."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from tracking.events import event_id, new_events
 def run_vote(run: RunContext, stage: VoteStage, retrieval_segments: list[str | None],
              generation_segments: list[str | None]) -> StageResult:
     spec, store = run.spec(), run.store()
-    entry = spec.reader_entry(stage.strategy)
+    entry = spec.reader_entry(stage.reader)
     reader = get_reader(entry.name)
     settings = settings_for(entry)
     questions = run.questions(store, stage.qids)
@@ -27,7 +27,7 @@ def run_vote(run: RunContext, stage: VoteStage, retrieval_segments: list[str | N
                 "cell": stage.cell.name,
                 "qid": item.qid,
                 "retriever": stage.retriever,
-                "strategy": stage.strategy,
+                "reader": stage.reader,
                 "method": d.method,
                 "candidates": list(d.candidates),
                 "scores": [float(s) for s in d.scores],

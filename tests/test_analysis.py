@@ -154,7 +154,7 @@ def two_reader_outcomes() -> pd.DataFrame:
     rows = []
     for (retriever, reader), ems in TWO_READERS.items():
         for n, em in enumerate(ems, start=1):
-            rows.append(outcome(f"{retriever} · {reader} · m", f"q{n}", em) | {"retriever": retriever, "strategy": reader,
+            rows.append(outcome(f"{retriever} · {reader} · m", f"q{n}", em) | {"retriever": retriever, "reader": reader,
                                                                             "model": "m"})
     return pd.DataFrame(rows)
 
@@ -215,7 +215,7 @@ def test_a_retriever_alone_in_its_group_gets_no_inconsistency_table():
     from flows.analyze import compute, rwr_long
 
     df = two_reader_outcomes()
-    df = df[(df["strategy"] == "r1") | (df["retriever"] == "a")]  # r2 keeps only retriever a
+    df = df[(df["reader"] == "r1") | (df["retriever"] == "a")]  # r2 keeps only retriever a
     res = compute(df, "lone", n_resamples=50)
     r1, r2 = res.groups
     assert r1.comparable and not r2.comparable and r2.rwr is None and r2.per_error_rwr == {}
@@ -230,6 +230,6 @@ def test_cell_keys_from_columns_or_cell_names():
     df = two_reader_outcomes()
     k = an.cell_keys(df)
     assert k.loc["b · r2 · m"].tolist() == ["b", "r2", "m"]
-    k2 = an.cell_keys(df.drop(columns=["retriever", "strategy", "model"]))
+    k2 = an.cell_keys(df.drop(columns=["retriever", "reader", "model"]))
     pd.testing.assert_frame_equal(k.sort_index(), k2.sort_index(), check_like=True)
     assert an.cell_keys(pd.DataFrame({"cell": ["A"]})).loc["A"].tolist() == ["A", "", ""]

@@ -47,7 +47,7 @@ def build_store(root):
     gens, votes, outs = [], [], []
     for r, answers in CELLS.items():
         for k, (pred, em, gic, et) in answers.items():
-            common = {"cell": cell(r), "qid": k, "retriever": r, "strategy": "concatenation"}
+            common = {"cell": cell(r), "qid": k, "retriever": r, "reader": "concatenation"}
             gens.append({**common, "event_id": event_id("generations", EXP, r, k), "round": 1, "role": "answer",
                          "call_index": 0, "sample_index": 0, "call_id": "c" * 16, "prompt_version": "v1", "prompt_hash": "p" * 16,
                          "system_prompt": "say unknown if unsure", "prompt": f"Context: {PASSAGE[k] if r != 'none' else ''}\n"
@@ -235,7 +235,7 @@ def build_outcome_store(root, experiment, correct: dict[tuple[str, str], list[in
             pred = f"gold {k}" if em else "wrong"
             outs.append({"event_id": event_id("outcomes", experiment, retriever, reader, k),
                          "cell": f"{retriever} · {reader} · m", "qid": f"q{k}", "retriever": retriever,
-                         "strategy": reader, "model": "m", "prediction": pred,
+                         "reader": reader, "model": "m", "prediction": pred,
                          "em": float(em), "f1": float(em), "semantic_match": None, "is_unknown": False,
                          "gold_in_context": True, "pool_has_correct": None,
                          "error_type": "correct" if em else "extraction_error", "tokens_in": 20, "tokens_out": 3,

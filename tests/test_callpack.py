@@ -27,7 +27,7 @@ def key(i: int) -> str:
 
 def generation_rows(n: int, cell: str = "bm25@2 · concatenation · scripted") -> list[dict]:
     return [{"event_id": stable_hash("gen", i), "cell": cell, "qid": f"q{i}", "retriever": "bm25@2",
-             "strategy": "concatenation", "round": 1, "role": "answer", "call_index": 0, "sample_index": 0,
+             "reader": "concatenation", "round": 1, "role": "answer", "call_index": 0, "sample_index": 0,
              "call_id": key(i), "prompt_version": "v1", "prompt_hash": stable_hash("p", i), "system_prompt": "sys",
              "prompt": f"prompt {i}", "passage_ids": ["p1"], "output": f"answer {i}", "parsed_answer": f"answer {i}",
              "parse_status": "ok", "logprob": -0.25 * i, "answer_prob": None, "tokens_in": 100 + i, "tokens_out": 3,

@@ -154,9 +154,9 @@ def test_extending_examples_run(registries):
 def outcome_row(cell: str, qid: str, em: float) -> dict:
     from tracking.events import event_id
 
-    retriever, strategy, model = cell.split(" · ")
+    retriever, reader, model = cell.split(" · ")
     return {"event_id": event_id("outcomes", "demo", cell, qid), "cell": cell, "qid": qid, "retriever": retriever,
-            "strategy": strategy, "model": model, "prediction": "x", "em": em, "f1": em, "semantic_match": None,
+            "reader": reader, "model": model, "prediction": "x", "em": em, "f1": em, "semantic_match": None,
             "is_unknown": False, "gold_in_context": True, "pool_has_correct": None,
             "error_type": "correct" if em else "extraction_error", "tokens_in": 10, "tokens_out": 2, "llm_calls": 1}
 

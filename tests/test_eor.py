@@ -9,11 +9,11 @@ from tracking import eor
 from tracking.events import EventStore, event_id, new_events
 
 
-def outcome_row(experiment, retriever, qid, prediction, gold, strategy="concatenation", model="m"):
-    cell = f"{retriever} · {strategy} · {model}"
+def outcome_row(experiment, retriever, qid, prediction, gold, reader="concatenation", model="m"):
+    cell = f"{retriever} · {reader} · {model}"
     right = prediction == gold
     return {"event_id": event_id("outcomes", experiment, cell, qid), "cell": cell, "qid": qid, "retriever": retriever,
-            "strategy": strategy, "model": model, "prediction": prediction, "em": float(right), "f1": float(right),
+            "reader": reader, "model": model, "prediction": prediction, "em": float(right), "f1": float(right),
             "semantic_match": None, "is_unknown": prediction == "unknown", "gold_in_context": True,
             "pool_has_correct": None, "error_type": "correct" if right else "extraction_error",
             "tokens_in": 10, "tokens_out": 2, "llm_calls": 1}

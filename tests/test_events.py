@@ -12,7 +12,7 @@ def outcome_rows(n=3, cell="bm25@5 · concatenation · m", start=0):
     return [
         {
             "event_id": event_id("outcomes", "exp", cell, i), "cell": cell, "qid": f"q{i}", "retriever": "bm25@5",
-            "strategy": "concatenation", "model": "m", "prediction": "x", "em": 1.0, "f1": 1.0, "semantic_match": None,
+            "reader": "concatenation", "model": "m", "prediction": "x", "em": 1.0, "f1": 1.0, "semantic_match": None,
             "is_unknown": False, "gold_in_context": True, "pool_has_correct": None, "error_type": "correct",
             "tokens_in": 10, "tokens_out": 2, "llm_calls": 1,
         }

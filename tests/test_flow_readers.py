@@ -116,25 +116,25 @@ def test_every_seed_strategy_through_the_flow(workspace, prefect_harness):
         assert again["llm_calls"] == 0 and server.calls == calls and again["cells"] == first["cells"]
     store = spec["tracking"]["store"]
     gens = query(store, "SELECT * FROM generations")
-    votes = query(store, "SELECT * FROM votes").set_index(["strategy", "qid"])
-    outcomes = query(store, "SELECT * FROM outcomes").set_index(["strategy", "qid"])
+    votes = query(store, "SELECT * FROM votes").set_index(["reader", "qid"])
+    outcomes = query(store, "SELECT * FROM outcomes").set_index(["reader", "qid"])
     retrieved = query(store, "SELECT qid, count(*) AS n FROM retrievals GROUP BY qid").set_index("qid")["n"].to_dict()
     assert retrieved == {"q1": 2, "q2": 2, "q3": 2}
 
     # Concat+PF: Post-Fusion (round 2) only for the question Concatenation answered "unknown"
-    cp = gens[gens.strategy == "concat_pf"]
+    cp = gens[gens.reader == "concat_pf"]
     r1 = cp[cp["round"] == 1].set_index("qid")["parsed_answer"].to_dict()
     assert r1 == {"q1": "Denver Broncos", "q2": "unknown", "q3": "Everest"}
     assert sorted(cp[cp["round"] == 2]["qid"]) == ["q2", "q2"]
     assert votes.loc[("concat_pf", "q2"), "chosen"] == "Paris" and votes.loc[("concat_pf", "q2"), "method"] == "fallback-majority"
 
     # PF+Concat: passages whose PF answer is unknown are dropped before distilling
-    pc2 = gens[(gens.strategy == "pf_concat") & (gens["round"] == 2)].set_index("qid")
+    pc2 = gens[(gens.reader == "pf_concat") & (gens["round"] == 2)].set_index("qid")
     assert list(pc2.loc["q1", "passage_ids"]) == ["a1"] and "Super Bowl 50 was an American" not in pc2.loc["q1", "prompt"]
     assert outcomes.loc[("pf_concat", "q1"), "em"] == 1.0
 
     # SuRe: exactly 1 + 2 + 2 + 2 calls per question, and the v + r rule with ties to the earlier candidate
-    su = gens[gens.strategy == "sure"]
+    su = gens[gens.reader == "sure"]
     assert su.groupby("qid").size().to_dict() == {"q1": 7, "q2": 7, "q3": 7}
     assert su.groupby("role").size().to_dict() == {"candidates": 3, "summary": 6, "validity": 6, "rank": 6}
     assert votes.loc[("sure", "q1"), "chosen"] == "Denver Broncos" and list(votes.loc[("sure", "q1"), "scores"]) == [0.0, 2.0]
@@ -143,22 +143,22 @@ def test_every_seed_strategy_through_the_flow(workspace, prefect_harness):
     # Table 3 ablations: the MCQ prompt picks (b) among SuRe's candidates; Sum-and-pred answers from a generic summary
     mcq = {q: votes.loc[("sure_mcq", q), "chosen"] for q in ("q1", "q2", "q3")}
     assert mcq == {"q1": "Denver Broncos", "q2": "Lyon", "q3": "K2"}
-    assert gens[gens.strategy == "sure_mcq"].groupby("role").size().to_dict() == {"candidates": 3, "choice": 3}
+    assert gens[gens.reader == "sure_mcq"].groupby("role").size().to_dict() == {"candidates": 3, "choice": 3}
     assert outcomes.loc[("sure_generic", "q1"), "prediction"] == "Denver Broncos"
     assert first["cells"]["bm25@2 · sure_generic · scripted"]["calls_per_q"] == 2.0
     # Table 3 rows (2) and (3): SuRe's summaries appended to Base; SuRe's summaries ranked without validity
-    rk = gens[gens.strategy == "sure_ranking"]
+    rk = gens[gens.reader == "sure_ranking"]
     assert rk.groupby("role").size().to_dict() == {"candidates": 3, "summary": 6, "rank": 6}
     assert set(rk.call_id) <= set(su.call_id)  # every call is one of SuRe's (the LLM-call cache serves it)
     assert {q: votes.loc[("sure_ranking", q), "chosen"] for q in ("q1", "q2")} == {"q1": "Denver Broncos", "q2": "Paris"}
-    sm = gens[gens.strategy == "sure_summaries"]
+    sm = gens[gens.reader == "sure_summaries"]
     assert sm.groupby("role").size().to_dict() == {"candidates": 3, "summary": 6, "answer": 3}
     appended = sm[sm.role == "answer"].set_index("qid").loc["q1", "prompt"]
     assert "Summary #1: The passages support (a) Carolina Panthers." in appended
     assert outcomes.loc[("sure_summaries", "q1"), "prediction"] == "Denver Broncos"
 
     # REFEED: retrieval with question + initial answer, then the log-probability ensemble
-    rf = gens[gens.strategy == "refeed"]
+    rf = gens[gens.reader == "refeed"]
     refine = rf[rf.role == "refine"].set_index("qid")
     assert "Initial answer" not in refine.loc["q1", "prompt"]  # Table 11 shows no initial answer by default
     assert rf.logprob.notna().all()
@@ -171,12 +171,12 @@ def test_every_seed_strategy_through_the_flow(workspace, prefect_harness):
     assert first["cells"]["bm25@2 · refeed · scripted"]["nm_pct"] == pytest.approx(100 / 3, abs=0.01)
 
     # Pruning / Summary prompts: the CoT answer after "Answer:"; self-consistency settings from the spec
-    pf2 = gens[gens.strategy == "post_fusion(samples=2)"]
+    pf2 = gens[gens.reader == "post_fusion(samples=2)"]
     assert len(pf2) == 2 * 6 and set(pf2.sample_index) == {0, 1}
     sampled = [r for r in server.requests if r.get("temperature") == 0.7]
     assert len(sampled) == 12
     for name in ("pruning", "summary"):
-        assert set(gens[gens.strategy == name]["parse_status"]) == {"ok"}
+        assert set(gens[gens.reader == name]["parse_status"]) == {"ok"}
         assert outcomes.loc[(name, "q1"), "prediction"] == "Denver Broncos"
     assert {c.split(" · ")[1] for c in first["cells"]} == {r if isinstance(r, str) else "post_fusion(samples=2)" for r in READERS}
 
@@ -222,14 +222,14 @@ def test_refeed_module1_diverse_feedback_and_feedback_recall(workspace, prefect_
         assert again["llm_calls"] == 0 and server.calls == calls
     store = spec["tracking"]["store"]
     gens = query(store, "SELECT * FROM generations")
-    m1 = gens[gens.strategy == "refeed(feedback_k=1,feedback_samples=3)"]
+    m1 = gens[gens.reader == "refeed(feedback_k=1,feedback_samples=3)"]
     assert m1.groupby("role").size().to_dict() == {"initial": 9, "refine": 3}
     refine = m1[m1.role == "refine"].set_index("qid")
     assert "Initial answers (before reading the passages): Carolina Panthers; Denver Broncos\n" in refine.loc["q1", "prompt"]
     assert list(refine.loc["q3", "passage_ids"]) == ["c1"]  # the Everest sample's document outranks the K2 ones
     assert len(refine.loc["q1", "passage_ids"]) == 1  # merged and cut to feedback_k
     assert set(m1["prompt_version"]) == {"003-table10-11-v2+k10+003-module1-v2"}
-    outcomes = query(store, "SELECT strategy, qid, gold_in_feedback FROM outcomes").set_index(["strategy", "qid"])
+    outcomes = query(store, "SELECT reader, qid, gold_in_feedback FROM outcomes").set_index(["reader", "qid"])
     assert outcomes.loc["concatenation", "gold_in_feedback"].isna().all()
     cells = first["cells"]
     one = cells["bm25@1 · refeed(feedback_k=1) · scripted"]
@@ -268,10 +268,10 @@ def test_refeed_module2_keeps_the_answer_with_the_higher_arithmetic_mean_token_p
         spec["readers"] = ["refeed", "refeed_refined"]
         experiment_flow(spec, spec["tracking"]["store"], spec["tracking"]["mlflow_uri"])
     store = spec["tracking"]["store"]
-    gens = query(store, "SELECT qid, role, answer_prob FROM generations WHERE strategy = 'refeed'").set_index(["qid", "role"])
+    gens = query(store, "SELECT qid, role, answer_prob FROM generations WHERE reader = 'refeed'").set_index(["qid", "role"])
     assert gens.loc[("q1", "initial"), "answer_prob"] == pytest.approx(0.645)
     assert gens.loc[("q1", "refine"), "answer_prob"] == pytest.approx(0.6)
-    votes = query(store, "SELECT strategy, qid, method, chosen, scores FROM votes").set_index(["strategy", "qid"])
+    votes = query(store, "SELECT reader, qid, method, chosen, scores FROM votes").set_index(["reader", "qid"])
     assert votes.loc[("refeed", "q1"), "chosen"] == "Carolina Panthers"
     assert votes.loc[("refeed", "q1"), "method"] == "refeed-answer-prob"
     assert list(votes.loc[("refeed", "q1"), "scores"]) == pytest.approx([0.645, 0.6])

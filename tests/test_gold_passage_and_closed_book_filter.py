@@ -80,7 +80,7 @@ def test_gold_passage_filter_and_readers_table(workspace, prefect_harness):
     # the filter: q2 (answered closed book) is dropped, and the run says so
     assert (first["questions_sampled"], first["closed_book_dropped"], first["questions"]) == (3, 1, 2)
     store = spec["tracking"]["store"]
-    filt = query(store, "SELECT qid, parsed_answer, cell FROM generations WHERE strategy = 'closed_book_filter'")
+    filt = query(store, "SELECT qid, parsed_answer, cell FROM generations WHERE reader = 'closed_book_filter'")
     assert sorted(filt["qid"]) == ["q1", "q2", "q3"] and set(filt["cell"]) == {"none · closed_book_filter · scripted"}
     assert set(query(store, "SELECT DISTINCT qid FROM retrievals")["qid"]) == {"q1", "q3"}
 
@@ -93,7 +93,7 @@ def test_gold_passage_filter_and_readers_table(workspace, prefect_harness):
     assert by[("gold(bm25@1,random)", "q3")] == by[("bm25@1", "q3")] == ["Everest_0"]  # already there: unchanged
     inserted = ret[(ret.retriever == "gold(bm25@1,random)") & (ret.qid == "q1")]
     assert inserted["score"].isna().all()
-    gens = query(store, "SELECT cell, qid, prompt FROM generations WHERE strategy = 'concatenation'").set_index(["cell", "qid"])
+    gens = query(store, "SELECT cell, qid, prompt FROM generations WHERE reader = 'concatenation'").set_index(["cell", "qid"])
     assert "Denver Broncos defeated" in gens.loc[("gold(bm25@1,random) · concatenation · scripted", "q1"), "prompt"]
     cells = first["cells"]
     assert cells["bm25@1 · concatenation · scripted"]["em"] == 50.0

@@ -128,12 +128,12 @@ def test_refeed_log_probabilities_come_from_the_real_embedded_model(tmp_path):
     from tracking.query import query
 
     store = tmp_path / ".ragledger" / "store"
-    gens = query(store, "SELECT strategy, role, logprob FROM generations")
-    refeed = gens[gens["strategy"] == "refeed(feedback_k=3)"]
+    gens = query(store, "SELECT reader, role, logprob FROM generations")
+    refeed = gens[gens["reader"] == "refeed(feedback_k=3)"]
     assert set(refeed["role"]) == {"initial", "refine"} and refeed["logprob"].notna().all()
     assert (refeed["logprob"] <= 0).all()  # mean token log-probabilities of real outputs
-    assert gens[gens["strategy"] == "concatenation"]["logprob"].isna().all()
-    votes = query(store, "SELECT method FROM votes WHERE strategy = 'refeed(feedback_k=3)'")
+    assert gens[gens["reader"] == "concatenation"]["logprob"].isna().all()
+    votes = query(store, "SELECT method FROM votes WHERE reader = 'refeed(feedback_k=3)'")
     assert set(votes["method"]) == {"refeed-answer-prob"}
     assert len(list((tmp_path / ".ragledger" / "logs").glob("embedded-server-*.log"))) == 2
 

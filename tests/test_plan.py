@@ -33,7 +33,7 @@ def labelled_keys(p) -> dict[str, str]:
     out = {}
     for t in p.tasks():
         inputs = pinning.described({"stage": t.stage})
-        label = "|".join(str(inputs.get(k, "")) for k in ("retriever_name", "strategy", "round_no"))
+        label = "|".join(str(inputs.get(k, "")) for k in ("retriever_name", "reader", "round_no"))
         out[f"{t.stage.stage}|{label}|{','.join(inputs['qids'])}"] = t.stage.key
     return out
 

@@ -66,7 +66,7 @@ def submitted(monkeypatch) -> dict[str, str]:
 
     def recording(self, stage, task_obj, params, then):
         inputs = described(params)
-        label = "|".join(str(inputs.get(p, "")) for p in ("retriever_name", "strategy", "round_no"))
+        label = "|".join(str(inputs.get(p, "")) for p in ("retriever_name", "reader", "round_no"))
         label = f"{stage}|{label}|{','.join(inputs['qids'])}"
         assert label not in keys, f"two tasks submitted as {label}"  # each task once, and no label collides
         keys[label] = inputs["stage_key"]
@@ -78,24 +78,28 @@ def submitted(monkeypatch) -> dict[str, str]:
 
 def described(params: dict) -> dict:
     """A task's inputs by the names of the stage functions' keyword arguments, whether passed one by one or as one
-    stage object (its `key`, `qids`, `retriever`, `strategy`, `round_no`)."""
+    stage object (its `key`, `qids`, `retriever`, `reader`, `round_no`)."""
     stage = params.get("stage")
     if stage is None:
         return params
     return {"stage_key": stage.key, "qids": list(stage.qids), "retriever_name": getattr(stage, "retriever", ""),
-            "strategy": getattr(stage, "strategy", ""), "round_no": getattr(stage, "round_no", "")}
+            "reader": getattr(stage, "reader", ""), "round_no": getattr(stage, "round_no", "")}
 
 
-def outcome_digest(store_root: str) -> tuple[list[tuple], str]:
-    """(cell, qid, prediction, em) of every outcome, and a hash of the whole rows (sorted; created_at left out: it
-    is the write time)."""
+def outcome_digest(store_root: str) -> tuple[list[tuple], str, str]:
+    """(cell, qid, prediction, em) of every outcome, a hash of the whole rows (sorted; created_at left out: it is the
+    write time), and the same hash with the `reader` column under its earlier name `strategy`."""
     from tracking.events import EventStore
 
     df = EventStore(store_root).read("outcomes", "pinning").drop(columns=["created_at"])
     df = df.sort_values(["cell", "qid"]).reset_index(drop=True)
     rows = json.loads(df.to_json(orient="records"))
-    digest = hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()[:16]
-    return [(r["cell"], r["qid"], r["prediction"], r["em"]) for r in rows], digest
+    strategy_named = [{("strategy" if k == "reader" else k): v for k, v in r.items()} for r in rows]
+    return [(r["cell"], r["qid"], r["prediction"], r["em"]) for r in rows], _digest(rows), _digest(strategy_named)
+
+
+def _digest(rows: list[dict]) -> str:
+    return hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def run(spec: dict, base_url: str) -> dict:
@@ -109,13 +113,15 @@ def test_outcomes_and_stage_keys_are_pinned(pinned_workspace, submitted, prefect
         spec = make_spec(pinned_workspace, READERS)
         summary = run(spec, server.base_url)
         keys = dict(submitted)
-        rows, digest = outcome_digest(spec["tracking"]["store"])
+        rows, digest, strategy_named_digest = outcome_digest(spec["tracking"]["store"])
         # the closed-book filter (seed 001 §4): its own keys, and the cells' on the questions it leaves
         filtered = make_spec(pinned_workspace, ["concatenation"], closed_book_filter=True)
         submitted.clear()
         filtered_summary = run(filtered, server.base_url)
         filter_keys = dict(submitted)
     assert sorted(summary["cells"]) == sorted(CELLS)
+    # with `reader` named `strategy` the rows hash to the strategy-named pin: the values are those rows', only the name differs
+    assert strategy_named_digest == OUTCOMES_DIGEST_STRATEGY_NAMED
     assert digest == OUTCOMES_DIGEST
     assert [list(r) for r in rows] == OUTCOME_ROWS
     assert keys == STAGE_KEYS
@@ -137,7 +143,8 @@ CELLS = [
     'none · refeed · scripted',
     'none · sure · scripted',
 ]
-OUTCOMES_DIGEST = 'ca88832024f8029c'
+OUTCOMES_DIGEST = 'a0ad681465bd61d3'
+OUTCOMES_DIGEST_STRATEGY_NAMED = 'ca88832024f8029c'
 OUTCOME_ROWS = [
     ['bm25@2 · concat_pf · scripted', 'q1', 'Denver Broncos', 1.0],
     ['bm25@2 · concat_pf · scripted', 'q2', 'Paris', 1.0],

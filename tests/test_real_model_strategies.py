@@ -64,22 +64,22 @@ def test_every_reader_strategy_runs_on_the_real_model(tmp_path):
             "retrievers": ["bm25@2"], "readers": [r for r, _ in READERS], "model": MODEL, "execution": {"shard_size": 2}}
     summary = _run(tmp_path, spec)
     store = tmp_path / ".ragledger" / "store"
-    gens = query(store, "SELECT strategy, role, qid, parse_status, parsed_answer FROM generations")
-    outcomes = query(store, "SELECT strategy, qid, em FROM outcomes")
+    gens = query(store, "SELECT reader, role, qid, parse_status, parsed_answer FROM generations")
+    outcomes = query(store, "SELECT reader, qid, em FROM outcomes")
     for entry, roles in READERS:
         label = _label(entry)
-        mine = gens[gens["strategy"] == label]
+        mine = gens[gens["reader"] == label]
         assert roles <= set(mine["role"]), (label, sorted(set(mine["role"])))
         assert mine["qid"].nunique() == 2, label  # both questions reached the model
         # the real model's output was read into an answer (a CoT reader's prose without "Answer:" counts: its
         # sentence is the answer, flagged unmarked)
         assert (mine["parsed_answer"].str.len() > 0).any(), (label, mine["parse_status"].tolist())
-        assert len(outcomes[outcomes["strategy"] == label]) == 2, label
+        assert len(outcomes[outcomes["reader"] == label]) == 2, label
         cell = next(m for name, m in summary["cells"].items() if f"· {label} ·" in name)
         assert 0 <= cell["parse_fail_pct"] <= 100 and not math.isnan(cell["parse_fail_pct"]), label
     # the server evaluated part of what was sent: consecutive calls share their prompts' prefixes (call_gate.py)
     assert 0 < summary["prompt_tokens_evaluated"] < summary["prompt_tokens_sent"], summary
-    refeed = gens[gens["strategy"] == "refeed(feedback_k=2)"]
+    refeed = gens[gens["reader"] == "refeed(feedback_k=2)"]
     assert set(refeed["role"]) == {"initial", "refine"}
 
 

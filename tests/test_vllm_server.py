@@ -163,33 +163,33 @@ def test_every_kind_of_request_the_readers_send(vllm, tmp_path):
                  dataset={"name": "squad", "path": "squad/dev-v1.1.json.gz", "limit": 1, "seed": 0})
     s1, _ = _run_twice(tmp_path, spec)
     gens = _generations(tmp_path)
-    print(gens[["strategy", "round", "role", "sample_index", "tokens_in", "tokens_out", "parse_status", "logprob",
+    print(gens[["reader", "round", "role", "sample_index", "tokens_in", "tokens_out", "parse_status", "logprob",
                 "answer_prob", "output"]].to_string(max_colwidth=60))
     assert s1["llm_calls"] == len(gens) and (gens["tokens_in"] > 0).all() and (gens["tokens_out"] > 0).all()
     assert "error" not in set(gens["parse_status"])  # every parser read what the server sent
 
-    pf = gens[gens["strategy"] == "post_fusion(samples=2)"]
+    pf = gens[gens["reader"] == "post_fusion(samples=2)"]
     assert len(pf) == 4 and sorted(pf["sample_index"]) == [0, 0, 1, 1] and pf["call_id"].nunique() == 4
 
-    refeed = gens[gens["strategy"].str.startswith("refeed")]
+    refeed = gens[gens["reader"].str.startswith("refeed")]
     assert set(refeed["role"]) == {"initial", "refine"}
     assert refeed["logprob"].notna().all() and (refeed["logprob"] <= 0).all()
     found = refeed[refeed["answer_prob"].notna()]
     assert len(found) > 0 and ((found["answer_prob"] > 0) & (found["answer_prob"] <= 1)).all()
-    module1 = refeed[refeed["strategy"].str.contains("feedback_samples")]
+    module1 = refeed[refeed["reader"].str.contains("feedback_samples")]
     assert sorted(module1[module1["role"] == "initial"]["sample_index"]) == [0, 1]
-    assert gens[~gens["strategy"].str.startswith("refeed")]["logprob"].isna().all()
+    assert gens[~gens["reader"].str.startswith("refeed")]["logprob"].isna().all()
 
-    sure = gens[gens["strategy"] == "sure"]
+    sure = gens[gens["reader"] == "sure"]
     assert "candidates" in set(sure["role"])
     assert sure["tokens_in"].max() > pf["tokens_in"].max()  # SuRe's prompts are the long ones
-    summary = gens[(gens["strategy"] == "sure_generic") & (gens["role"] == "summary")]
+    summary = gens[(gens["reader"] == "sure_generic") & (gens["role"] == "summary")]
     assert len(summary) == 1 and 0 < summary["tokens_out"].iloc[0] <= 200  # within its own max_tokens (200)
 
     from tracking.query import query
 
-    votes = query(tmp_path / ".ragledger" / "store", "SELECT strategy, method FROM votes")
-    assert set(votes[votes["strategy"].str.startswith("refeed")]["method"]) == {"refeed-answer-prob"}
+    votes = query(tmp_path / ".ragledger" / "store", "SELECT reader, method FROM votes")
+    assert set(votes[votes["reader"].str.startswith("refeed")]["method"]) == {"refeed-answer-prob"}
     # prefix caching is on and these prompts use it: REFEED's calls share their demonstrations, a passage's
     # Post-Fusion samples their whole prompt, SuRe's calls their passages
     hits = _metric(vllm["base_url"], "vllm:prefix_cache_hits_total")

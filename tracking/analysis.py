@@ -269,15 +269,14 @@ INCONSISTENCY_COLUMNS = ("MRWR", "MRLR")
 
 
 def cell_keys(outcomes: pd.DataFrame) -> pd.DataFrame:
-    """retriever, reader (the strategy) and model of every cell, indexed by cell name.
+    """retriever, reader and model of every cell, indexed by cell name.
 
-    From the records' `retriever` / `strategy` / `model` columns; without them, from the cell name
+    From the records' `retriever` / `reader` / `model` columns; without them, from the cell name
     "retriever · reader · model" (tasks build it so); a name of another shape is its own retriever
     in one unnamed group, so ad-hoc frames keep working."""
-    cols = ["retriever", "strategy", "model"]
+    cols = ["retriever", "reader", "model"]
     if set(cols) <= set(outcomes.columns):
-        keys = outcomes[["cell", *cols]].drop_duplicates("cell").astype(str).set_index("cell")
-        return keys.rename(columns={"strategy": "reader"})
+        return outcomes[["cell", *cols]].drop_duplicates("cell").astype(str).set_index("cell")
     rows = {}
     for c in outcomes["cell"].astype(str).unique():
         try:

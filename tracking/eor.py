@@ -188,7 +188,7 @@ def fit(s: np.ndarray, unknown: np.ndarray, correct: np.ndarray, metrics: tuple[
 class _Group:
     """The retriever-cells of one (reader, model) an EoR is fitted over, and its training / held-out questions."""
 
-    strategy: str
+    reader: str
     model: str
     wide: dict[str, pd.DataFrame]  # this experiment's outcomes per member cell, indexed by qid
     train_wide: dict[str, pd.DataFrame]  # the outcomes the voter is fitted on, per member cell
@@ -214,8 +214,8 @@ def eor_cells(store_root: str | Path, experiment: str, outcomes: pd.DataFrame, s
     info: dict[str, Any] = {"cells": [], "members": {}, "fits": {}, "weights_table": [], "test_qids": [], "train_qids": [],
                             "version": EOR_VERSION, "split": split, "pooling": pooling}
     rows_all: list[pd.DataFrame] = []
-    for (strategy, model), grp in base.groupby(["strategy", "model"], sort=True):
-        group = _group(str(strategy), str(model), grp, tbase, train_share, info)
+    for (reader, model), grp in base.groupby(["reader", "model"], sort=True):
+        group = _group(str(reader), str(model), grp, tbase, train_share, info)
         if group is None:
             continue
         f = fit(*_arrays(group.train, group.train_wide, group.members, metrics), metrics, pooling=pooling, seed=seed)
@@ -230,7 +230,7 @@ def eor_cells(store_root: str | Path, experiment: str, outcomes: pd.DataFrame, s
     return out, (info if info["cells"] or info.get("skipped") else {})
 
 
-def _group(strategy: str, model: str, grp: pd.DataFrame, tbase: pd.DataFrame | None, train_share: float,
+def _group(reader: str, model: str, grp: pd.DataFrame, tbase: pd.DataFrame | None, train_share: float,
            info: dict[str, Any]) -> _Group | None:
     """The group's members and questions; None (the reason added to info["skipped"]) when it cannot be fitted."""
     wide = {c: g.drop_duplicates("qid").set_index("qid") for c, g in grp.groupby("cell")}
@@ -238,13 +238,13 @@ def _group(strategy: str, model: str, grp: pd.DataFrame, tbase: pd.DataFrame | N
     members = sorted(wide)
     train_wide = wide
     if tbase is not None:
-        tg = tbase[(tbase["strategy"] == strategy) & (tbase["model"] == model)]
+        tg = tbase[(tbase["reader"] == reader) & (tbase["model"] == model)]
         by_r = {str(r): g.drop_duplicates("qid").set_index("qid") for r, g in tg.groupby("retriever")}
         members = [c for c in members if retr[c] in by_r]
         train_wide = {c: by_r[retr[c]] for c in members}
     if len(members) < 2:
         if len(wide) >= 2:
-            info.setdefault("skipped", []).append(f"{strategy} · {model}: fewer than 2 retrievers in the training experiment")
+            info.setdefault("skipped", []).append(f"{reader} · {model}: fewer than 2 retrievers in the training experiment")
         return None
     qids = sorted(set.intersection(*(set(wide[c].index) for c in members)))
     if tbase is not None:
@@ -253,11 +253,11 @@ def _group(strategy: str, model: str, grp: pd.DataFrame, tbase: pd.DataFrame | N
         train = [q for q in qids if is_train(q, train_share)]
         test = [q for q in qids if not is_train(q, train_share)]
     if len(train) < 2 or not test:
-        info.setdefault("skipped", []).append(f"{strategy} · {model}: {len(train)} training / {len(test)} held-out questions")
+        info.setdefault("skipped", []).append(f"{reader} · {model}: {len(train)} training / {len(test)} held-out questions")
         return None
     # prefer (for ties) the retriever with the better training accuracy
     members.sort(key=lambda c: (-train_wide[c].loc[train, "em"].mean(), c))
-    return _Group(strategy, model, wide, train_wide, members, train, test)
+    return _Group(reader, model, wide, train_wide, members, train, test)
 
 
 def _arrays(qs: list[str], src: dict[str, pd.DataFrame], members: list[str],
@@ -275,7 +275,7 @@ def _retrievers(group: _Group) -> list[str]:
 
 def _eor_cell(group: _Group, f: EoRFit) -> Cell:
     # the pooling in the name: answers under different poolings are different cells, side by side in the store
-    return Cell(f"eor({','.join(sorted(_retrievers(group)))},pooling={f.label})", group.strategy, group.model)
+    return Cell(f"eor({','.join(sorted(_retrievers(group)))},pooling={f.label})", group.reader, group.model)
 
 
 def _held_out_rows(experiment: str, group: _Group, f: EoRFit, metrics: tuple[str, ...], fit_key: str) -> list[dict]:
@@ -289,7 +289,7 @@ def _held_out_rows(experiment: str, group: _Group, f: EoRFit, metrics: tuple[str
         src = wide[members[pick[n]]].loc[q]
         rows.append({
             "event_id": event_id("outcomes", experiment, "eor", cell.name, fit_key, q), "cell": cell.name, "qid": q,
-            "retriever": cell.retriever, "strategy": group.strategy, "model": group.model,
+            "retriever": cell.retriever, "reader": group.reader, "model": group.model,
             "prediction": str(src["prediction"]), "em": float(src["em"]), "f1": float(src["f1"]),
             "semantic_match": None if pd.isna(src["semantic_match"]) else float(src["semantic_match"]),
             "is_unknown": bool(src["is_unknown"]), "gold_in_context": bool(src["gold_in_context"]),

@@ -25,7 +25,7 @@ from ragledger.atomic import temp_path as temp_path  # re-exported: flows/experi
 from ragledger.crash import crashpoint
 from ragledger.hashing import stable_hash as stable_hash  # re-exported: ids and keys across tasks/ and flows/
 from ragledger.processes import pid_alive
-from schemas.records import RECORD_MODELS, SCHEMA_VERSION, columns_of, validate_records
+from schemas.records import RECORD_MODELS, SCHEMA_VERSION, columns_of, current_names, validate_records
 from tracking.diskfull import reported_as_store_full
 
 # derived, rebuildable views of the segments (overlap sets, cell metrics) live under <store>/projections/
@@ -139,12 +139,13 @@ class EventStore:
         return sorted(base.glob(pattern))
 
     def read(self, kind: str, experiment: str | None = None, paths: Iterable[Path] | None = None) -> pd.DataFrame:
-        """Events of one kind, each event once (segments may overlap when shards were regrouped)."""
+        """Events of one kind, each event once (segments may overlap when shards were regrouped). A segment's
+        column of an earlier name reads under its name now (`strategy` as `reader`: schemas/records.RENAMED_COLUMNS)."""
         files = list(paths) if paths is not None else self.segments(kind, experiment)
         files = [f for f in files if f is not None]
         if not files:
             return pd.DataFrame(columns=columns_of(kind))
-        frames = [pq.read_table(f).to_pandas() for f in files]
+        frames = [current_names(pq.read_table(f).to_pandas()) for f in files]
         df = pd.concat(frames, ignore_index=True)
         return df.drop_duplicates("event_id", keep="first").reset_index(drop=True)
 

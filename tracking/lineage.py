@@ -39,7 +39,7 @@ def passage_has_gold(text: str, golds: list[str]) -> bool:
 class CellChain:
     """One cell's chain for one question. An EoR cell chose among its members' answers: no records of its own."""
 
-    outcome: Any  # the outcome row (attributes qid, cell, retriever, strategy, prediction, em, f1, ...)
+    outcome: Any  # the outcome row (attributes qid, cell, retriever, reader, prediction, em, f1, ...)
     is_ensemble: bool
     passages: pd.DataFrame  # by rank, each rank once
     generations: pd.DataFrame  # by round, call, sample; each call once
@@ -52,15 +52,15 @@ class CellChain:
 
 def cell_chain(outcome: Any, records: dict[str, pd.DataFrame]) -> CellChain:
     """The chain behind `outcome` (an itertuples row of an outcome frame) from `chain_records`' frames."""
-    qid, retriever, strategy = outcome.qid, str(outcome.retriever), str(outcome.strategy)
+    qid, retriever, reader = outcome.qid, str(outcome.retriever), str(outcome.reader)
     empty = {k: records[k].iloc[0:0] for k in CHAIN_KINDS}
     if is_ensemble_retriever(retriever):
         return CellChain(outcome, True, empty["retrievals"], empty["generations"], empty["votes"])
     r = records["retrievals"]
     r = r[(r["qid"] == qid) & (r["retriever"] == retriever)].drop_duplicates("rank").sort_values("rank")
     g = records["generations"]
-    g = g[(g["qid"] == qid) & (g["retriever"] == retriever) & (g["strategy"] == strategy)]
+    g = g[(g["qid"] == qid) & (g["retriever"] == retriever) & (g["reader"] == reader)]
     g = g.drop_duplicates("call_id").sort_values(["round", "call_index", "sample_index"])
     v = records["votes"]
-    v = v[(v["qid"] == qid) & (v["retriever"] == retriever) & (v["strategy"] == strategy)].drop_duplicates("event_id")
+    v = v[(v["qid"] == qid) & (v["retriever"] == retriever) & (v["reader"] == reader)].drop_duplicates("event_id")
     return CellChain(outcome, False, r, g, v)

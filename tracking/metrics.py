@@ -48,7 +48,7 @@ def cell_metrics(outcomes: pd.DataFrame, retrievals: pd.DataFrame | None = None,
         "nm_pct": _pct(missed.mean()),
         "nm_cond_pct": _pct(missed.sum() / has_correct.sum()) if has_correct.any() else math.nan,
         "recall_at_k": _pct(_in_retrieval(outcomes).mean()),
-        # REFEED: Recall@k of the strategy's own feedback retrieval (Q+A, or Q+A1..An with MODULE-1), beside
+        # REFEED: Recall@k of the reader's own feedback retrieval (Q+A, or Q+A1..An with MODULE-1), beside
         # recall_at_k (the cell's question-only retrieval), over the questions that made a feedback retrieval
         "recall_feedback_at_k": _feedback_recall(outcomes),
         "tokens_in_per_q": round(outcomes["tokens_in"].mean(), 1),

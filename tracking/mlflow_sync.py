@@ -153,11 +153,11 @@ def log_execution(tracking_uri: str, execution: str, record: dict[str, Any],
         if run is not None and run.info.status == "FINISHED":
             cells[cell] = run.info.run_id
             continue
-        retriever, strategy, model = (part.strip() for part in cell.split("·"))
+        retriever, reader, model = (part.strip() for part in cell.split("·"))
         run_id = run_for(run, cell, {**common_tags, "ragledger.level": "cell", "ragledger.cell": cell,
-                                     "retriever": retriever, "reader": strategy, "model": model}, parent)
+                                     "retriever": retriever, "reader": reader, "model": model}, parent)
         cell_params = {k: v for k, v in params.items() if not k.startswith(("retrievers", "readers"))}
-        cell_params.update({"retriever": retriever, "reader": strategy, "model": model})
+        cell_params.update({"retriever": retriever, "reader": reader, "model": model})
         logger.log(run_id, params=cell_params, metrics={k: v for k, v in metrics.items() if isinstance(v, int | float)},
                    tags=views.provenance())
         for kind, files in record.get("segments", {}).get(cell, {}).items():

@@ -120,7 +120,7 @@ def _cell_spans(b: _SpanBuilder, root: Any, chain: Any, question: str, golds: li
 
     o = chain.outcome
     cell = b.open(str(o.cell), SpanType.CHAIN, root, {"question": question},
-                  {"ragledger.cell": str(o.cell), "retriever": str(o.retriever), "reader": str(o.strategy)})
+                  {"ragledger.cell": str(o.cell), "retriever": str(o.retriever), "reader": str(o.reader)})
     if chain.is_ensemble:
         cell.set_attribute("ragledger.note", "EoR cell: the answer was chosen among its member cells' answers")
     elif not chain.passages.empty:
@@ -229,7 +229,7 @@ def log_traces(logger: Any, execution: str, read: Callable[[str], pd.DataFrame |
     for kind in CHAIN_KINDS:
         df = read(kind)
         records[kind] = df[df["qid"].isin(qids)] if df is not None else pd.DataFrame(
-            columns=["qid", "retriever", "strategy", "rank", "call_id", "round", "call_index", "sample_index",
+            columns=["qid", "retriever", "reader", "rank", "call_id", "round", "call_index", "sample_index",
                      "event_id"])
     by_q = questions.sort_values("created_at").drop_duplicates("qid", keep="last").set_index("qid", drop=False)
     tracer = TracerProvider(resource=Resource.create({"service.name": "ragledger"})).get_tracer("ragledger")

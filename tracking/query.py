@@ -17,6 +17,10 @@ costly part of a query over many segments, so it is done once per set of segment
   `row_number() OVER (PARTITION BY qid, event_id ORDER BY created_at, filename) = 1`. The answers are
   the same as the dedupe over every segment; a `WHERE qid = ...` is pushed into the Parquet scan.
 
+A column a segment may hold under an earlier name (schemas/records.RENAMED_COLUMNS: `strategy`, the reader column)
+reads under its name now, `reader`, over segments of either name or both (`current_names_select`); the earlier name
+stays a column of the view too, the same values, last, so a query written with it still runs.
+
 `query` (and `ragledger query`) only reads: it runs one statement, a SELECT (or WITH ... SELECT), and refuses
 any other (COPY, ATTACH, INSTALL, LOAD, CREATE, SET, PRAGMA, ...) before running anything; its connection then
 reads only the segments its views cover (`enable_external_access` off, `allowed_paths` those files, extensions
@@ -34,7 +38,7 @@ from pathlib import Path
 import duckdb
 import pandas as pd
 
-from schemas.records import RECORD_MODELS, columns_of
+from schemas.records import RECORD_MODELS, RENAMED_COLUMNS, columns_of, current_names
 from tracking.events import PROJECTIONS_DIR, EventStore, stable_hash, write_text_atomically
 
 PROJECTION_VERSION = "overlap-2"
@@ -62,6 +66,27 @@ def _empty_select(kind: str) -> str:
 
 def _sql_list(files: Sequence[str]) -> str:
     return "[" + ", ".join("'" + f.replace("'", "''") + "'" for f in files) + "]"
+
+
+def _sql_names(names: Sequence[str]) -> str:
+    return ", ".join("'" + n.replace("'", "''") + "'" for n in names)
+
+
+def current_names_select(kind: str, select: str) -> str:
+    """`select` (rows of a kind's segments) with a column of an earlier name (RENAMED_COLUMNS) under its name now, in
+    its place in the schema, and under the earlier name as well, last. The segments may hold either name or both
+    (union_by_name gives both when they differ); COLUMNS matches whichever are there, so this binds without
+    reading the segments' schemas first, and COALESCE takes each row's value from the one its segment has."""
+    columns = columns_of(kind)
+    for old, new in RENAMED_COLUMNS.items():
+        if new not in columns:
+            continue
+        before = columns[:columns.index(new)]
+        value = f"COALESCE(*COLUMNS('^({new}|{old})$'))"
+        select = (f"SELECT COLUMNS(lambda c: c IN ({_sql_names(before)})), {value} AS \"{new}\", "
+                  f"COLUMNS(lambda c: c NOT IN ({_sql_names([*before, new, old])})), {value} AS \"{old}\" "
+                  f"FROM ({select})")
+    return select
 
 
 def _dedupe_select(files: Sequence[str], where: str = "") -> str:
@@ -214,10 +239,10 @@ def connect(store_root: str | Path, experiment: str | None = None, use_cache: bo
             overlapping = overlap_projection(con, store, kind, experiment, segments, use_cache)
             files = {str(p): p.relative_to(store.root).as_posix() for p in segments}
             select = view_select(con, list(files), {f for f, rel in files.items() if rel in overlapping})
-            con.execute(f"CREATE VIEW {kind} AS {select}")
+            con.execute(f"CREATE VIEW {kind} AS {current_names_select(kind, select)}")
             covered += files
         else:
-            con.execute(f"CREATE VIEW {kind} AS {_empty_select(kind)}")
+            con.execute(f"CREATE VIEW {kind} AS {current_names_select(kind, _empty_select(kind))}")
     if read_only:
         confine(con, covered)
     return con
@@ -272,7 +297,8 @@ def outcomes(store_root: str | Path, experiment: str | None = None) -> pd.DataFr
 def records_for(store_root: str | Path, kind: str, qids: Sequence[str], experiment: str | None = None,
                 paths: Sequence[str | Path] | None = None) -> pd.DataFrame:
     """The records of one kind for the given questions, each event once: from `paths` (e.g. one
-    execution's segments) when given, else from every segment of the experiment (or store)."""
+    execution's segments) when given, else from every segment of the experiment (or store). Columns of an earlier
+    name read under their name now (schemas/records.current_names)."""
     store = EventStore(store_root)
     files = [str(p) for p in paths] if paths is not None else [str(p) for p in store.segments(kind, experiment)]
     if not files or not qids:
@@ -281,6 +307,6 @@ def records_for(store_root: str | Path, kind: str, qids: Sequence[str], experime
     try:
         con.execute("CREATE TEMP TABLE wanted (qid VARCHAR)")
         con.executemany("INSERT INTO wanted VALUES (?)", [(str(q),) for q in dict.fromkeys(qids)])
-        return con.execute(_dedupe_select(files, "qid IN (SELECT qid FROM wanted)")).fetch_df()
+        return current_names(con.execute(_dedupe_select(files, "qid IN (SELECT qid FROM wanted)")).fetch_df())
     finally:
         con.close()

@@ -1,4 +1,4 @@
-"""The readers table: one row per cell (retriever × reader strategy), with EM and its 95% bootstrap CI, F1, %Unk,
+"""The readers table: one row per cell (retriever × reader × model), with EM and its 95% bootstrap CI, F1, %Unk,
 %NM (and its rate conditional on a correct answer in the pool), tokens and model calls per question, and the share of
 model outputs that could not be parsed.
 `ragledger run` prints it; the flow logs it to the experiment's parent

@@ -1,10 +1,10 @@
 """What a reader strategy is: rounds of planned model calls, then a decision.
 
-A strategy never calls the model itself. For each round it *plans* calls from the question, its
+A reader never calls the model itself. For each round it *plans* calls from the question, its
 passages and the generations of earlier rounds; the generate stage executes them (cached,
-concurrently) and stores each as a GenerationRecord. After the last round the strategy *decides*
+concurrently) and stores each as a GenerationRecord. After the last round the reader *decides*
 the answer from all generations; the vote stage stores that as a VoteRecord. This keeps every
-strategy a pure, testable function of stored records.
+reader a pure, testable function of stored records.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ class Passage:
     pid: str
     text: str  # exactly as the reader sees it
     title: str = ""  # for prompts that show title and text apart (SuRe)
-    score: float | None = None  # the retriever's score, where a strategy merges result lists (REFEED MODULE-1)
+    score: float | None = None  # the retriever's score, where a reader merges result lists (REFEED MODULE-1)
 
     @property
     def body(self) -> str:
@@ -77,7 +77,7 @@ class Decision:
 
 @dataclass(frozen=True)
 class ReaderSettings:
-    """Strategy-independent knobs from the spec."""
+    """Reader-independent knobs from the spec."""
 
     samples: int = 1  # self-consistency: p samples per call at `sample_temperature`
     sample_temperature: float = 0.7
@@ -102,12 +102,12 @@ class Reader(ABC):
     retrieves_feedback: bool = False  # retrieves again with its own queries, so `feedback_k`/`feedback_samples` apply
 
     def version_for(self, settings: ReaderSettings) -> str:
-        """The prompt version of this strategy under these settings (enters the generate cache keys and the
+        """The prompt version of this reader under these settings (enters the generate cache keys and the
         GenerationRecords); a setting that switches to another template adds that template's version."""
         return self.prompt_version
 
     def feedback_documents(self, question: str, role: str, prompt: str) -> str | None:
-        """The feedback documents of one of this strategy's stored prompts (REFEED's refine call), as text, or
+        """The feedback documents of one of this reader's stored prompts (REFEED's refine call), as text, or
         None when the call carries none. Evaluation scores Recall@k of feedback retrieval from it."""
         return None
 
@@ -178,12 +178,12 @@ def parse_output(output: str, parser: str = "short") -> tuple[str, str]:
     if parser in PARSERS:
         try:
             return PARSERS[parser](output)
-        except Exception:  # a strategy's parser must never crash the stage: the output is kept as-is
+        except Exception:  # a reader's parser must never crash the stage: the output is kept as-is
             return "", "error"
     raise ValueError(f"unknown parser {parser!r}")
 
 
-# Strategy-specific parsers, registered by the strategy's module: output -> (answer, parse_status).
+# Reader-specific parsers, registered by the reader's module: output -> (answer, parse_status).
 PARSERS: dict[str, Callable[[str], tuple[str, str]]] = {}
 
 

@@ -37,7 +37,7 @@ def big_store(tmp_path_factory):
         cell = f"r{c}@5 · concatenation · m"
         rows = {
             "event_id": [stable_hash("outcomes", EXP, cell, q) for q in qids], "cell": cell, "qid": qids,
-            "retriever": f"r{c}@5", "strategy": "concatenation", "model": "m",
+            "retriever": f"r{c}@5", "reader": "concatenation", "model": "m",
             "prediction": np.where(et == "abstention", "unknown", "x"), "em": correct.astype(float),
             "f1": correct.astype(float), "semantic_match": None, "is_unknown": et == "abstention",
             "gold_in_context": ~np.isin(et, ["lucky_guess", "retrieval_failure"])

@@ -28,7 +28,7 @@ def outcome_rows(n: int) -> list[dict]:
     cell = "bm25@5 · post_fusion · m"
     df = pd.DataFrame({
         "event_id": [stable_hash("outcomes", "p5", cell, q) for q in qids], "cell": cell, "qid": qids,
-        "retriever": "bm25@5", "strategy": "post_fusion", "model": "m", "prediction": np.where(em == 1, "Denver", "x"),
+        "retriever": "bm25@5", "reader": "post_fusion", "model": "m", "prediction": np.where(em == 1, "Denver", "x"),
         "em": em, "f1": em, "semantic_match": em, "is_unknown": False, "gold_in_context": True, "pool_has_correct": None,
         "error_type": np.where(em == 1, "correct", "extraction_error"), "tokens_in": 900, "tokens_out": 4, "llm_calls": 5,
     })  # fmt: skip

@@ -50,7 +50,7 @@ def build_store(root: Path) -> dict:
         cell = f"bm25@{c + 1} · concatenation · m"
         rows = pd.DataFrame({
             "event_id": [stable_hash("outcomes", EXP, cell, q) for q in qids], "cell": cell, "qid": qids,
-            "retriever": f"bm25@{c + 1}", "strategy": "concatenation", "model": "m",
+            "retriever": f"bm25@{c + 1}", "reader": "concatenation", "model": "m",
             "prediction": np.where(correct, "Paris", "x"), "em": correct.astype(float), "f1": correct.astype(float),
             "semantic_match": None, "is_unknown": et == "abstention", "gold_in_context": et != "retrieval_failure",
             "pool_has_correct": None, "error_type": et, "tokens_in": 100, "tokens_out": 3, "llm_calls": 1,
