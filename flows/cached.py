@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flows.plan import ExperimentPlan, plan
+from flows.plan import ExperimentPlan, plan, questions_segment_for
 from ragledger.datasets import load_questions, sample_questions
 from ragledger.paths import StoreLayout
 from schemas.spec import AnySpec, ExperimentSpec, parse_spec
@@ -73,9 +73,9 @@ def cached_result(spec: dict[str, Any] | AnySpec, store: str | Path | None = Non
         return None
     store_root = str(store or spec.tracking.store)
     questions = sample_questions(load_questions(spec.dataset.name, spec.dataset.path), spec.dataset.limit, spec.dataset.seed)
+    if not Path(questions_segment_for(spec, questions, store_root)).exists():
+        return None  # a first run: decided before the plan reads the corpus for its hash
     the_plan = plan(spec, questions, store_root=store_root)
-    if not Path(the_plan.questions_segment).exists():
-        return None
     expected = outcome_segments(the_plan)
     if not all(Path(p).exists() for paths in expected.values() for p in paths):
         return None

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn
 
@@ -99,12 +100,16 @@ def _fmt(v: object) -> str:
     return str(v)
 
 
-def _import_flows() -> None:
-    """The flow modules' imports (Prefect, pandas, pandera: seconds on a cold start), done while Prefect's temporary
-    server starts in its own process (ragledger/prefect_server.py `prefect_api`). Nothing heavier is imported before
-    the first model call: torch, transformers, sentence-transformers, Pyserini and MLflow load inside the functions
-    that use them (tests/test_cold_start_imports.py)."""
+def _while_prefect_starts(spec: AnySpec, store_root: str, runner: str | None) -> None:
+    """The flow modules' imports (Prefect, pandas, pandera: seconds on a cold start) and a first run's start-up work
+    (flows/warmup.py: dataset, corpus, JVM, the first shards' retrieval), done while Prefect's temporary server starts
+    in its own process (ragledger/prefect_server.py `prefect_api`). Nothing heavier is imported before the first
+    model call: torch, transformers and sentence-transformers never, MLflow inside the functions that use it
+    (tests/test_cold_start_imports.py)."""
     import flows.sweep  # noqa: F401
+    from flows.warmup import warm_up
+
+    warm_up(spec, store_root, runner)
 
 
 @app.command()
@@ -165,7 +170,7 @@ def run(
                   f"retriever(s) × {len(spec.readers)} reader(s) on {datasets}, model {spec.model.display_name}")
     with _stage_progress():
         try:
-            with prefect_api(meanwhile=_import_flows):
+            with prefect_api(meanwhile=partial(_while_prefect_starts, spec, store_root, runner)):
                 from flows.sweep import run_spec
 
                 summary = run_spec(spec.model_dump(), store_root, base_url=base_url, runner=runner, workers=workers,

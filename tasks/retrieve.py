@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import threading
+from collections.abc import Iterable
 from typing import Any
 
 import pandas as pd
@@ -55,13 +57,35 @@ def retrieval_llm(spec: ExperimentSpec, client: LLMClient) -> LLMFn:
     return run
 
 
+def queries_of(questions: Iterable[Any]) -> list[Query]:
+    """Retriever queries from question records (stored rows, or the rows about to be stored)."""
+    return [Query(q["qid"], q["question"], tuple(q["gold_pids"]), tuple(q["answers"])) for q in questions]
+
+
+# Hits retrieved before the flow started (flows/warmup.py, while Prefect's server starts), by retrieve stage key:
+# taken once by that stage's task instead of searching again.
+_prefetched: dict[str, dict[str, list[Hit]]] = {}
+_prefetched_lock = threading.Lock()
+
+
+def prefetch(stage: RetrieveStage, hits: dict[str, list[Hit]]) -> None:
+    with _prefetched_lock:
+        _prefetched[stage.key] = hits
+
+
+def _take_prefetched(stage: RetrieveStage) -> dict[str, list[Hit]] | None:
+    with _prefetched_lock:
+        return _prefetched.pop(stage.key, None)
+
+
 def run_retrieve(run: RunContext, stage: RetrieveStage, base_url: str = "") -> StageResult:
     spec, store = run.spec(), run.store()
-    questions = run.questions(store, stage.qids)
     retriever = retriever_for(spec, stage.retriever, run.store_root)
-    queries = [Query(r.qid, r.question, tuple(r.gold_pids), tuple(r.answers)) for r in questions.itertuples()]
     client = llm_client_for(spec, base_url, run.store_root) if retriever.needs_llm else None
-    results = retriever.retrieve(queries, retrieval_llm(spec, client) if client else None)
+    results = _take_prefetched(stage)
+    if results is None:
+        queries = queries_of(r._asdict() for r in run.questions(store, stage.qids).itertuples())
+        results = retriever.retrieve(queries, retrieval_llm(spec, client) if client else None)
     rows = retrieval_rows(spec.name, retriever, stage.key, results)
     crashpoint("retrieve.done")
     segment = store.write("retrievals", new_events("retrievals", spec.name, rows)) if rows else None

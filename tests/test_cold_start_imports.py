@@ -76,3 +76,24 @@ def test_a_cached_rerun_starts_no_jvm_and_no_embedding_model(workspace, prefect_
         assert second["llm_calls"] == 0 and server.calls == calls
         assert second["tasks_from_cache"] == second["tasks_total"]
         assert second["cells"] == first["cells"]
+
+
+def test_the_warm_up_hands_the_first_shards_to_the_flow(workspace, prefect_harness):  # noqa: F811
+    """flows/warmup.py, run by `ragledger run` while Prefect's server starts: it retrieves each retriever's first
+    shard, the flow's retrieve tasks take those hits instead of searching again (same keys), the results are those
+    of a run without it, and a rerun (its retrievals persisted by Prefect) prepares nothing."""
+    import tasks.retrieve
+    from flows.warmup import warm_up
+    from schemas.spec import parse_spec
+
+    with ScriptedServer(answer=answer_from_context) as server:
+        spec = make_spec(workspace, server.base_url)
+        warm_up(parse_spec(spec), spec["tracking"]["store"], None)
+        assert len(tasks.retrieve._prefetched) == len(spec["retrievers"])  # bm25@2 and none: one first shard each
+        warmed = run_flow(spec)
+        assert tasks.retrieve._prefetched == {}  # each taken by its own task
+        warm_up(parse_spec(spec), spec["tracking"]["store"], None)
+        assert tasks.retrieve._prefetched == {}  # persisted by Prefect: the rerun's tasks will not search
+        cold = run_flow({**spec, "tracking": {**spec["tracking"], "store": str(workspace / "store-without-warm-up")}})
+    assert warmed["llm_calls"] == cold["llm_calls"] > 0
+    assert warmed["cells"] == cold["cells"]
