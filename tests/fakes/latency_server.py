@@ -5,6 +5,10 @@ benchmark, so what is measured is the client side: ragledger's flow against a ba
 A plain asyncio HTTP/1.1 server (keep-alive, Content-Length bodies) rather than a web framework: at
 640 requests/s on a 2-core machine the server's own CPU cost must stay far below the client's.
 Run: python -m tests.fakes.latency_server --port 8123 --delay 0.1   (prints "ready <port>")
+
+`GET /stats` answers {"requests": completions answered, "first_request_at": wall-clock time (time.time()) the
+first completion request arrived, or null}; `POST /stats/reset` starts both afresh. The cold-start benchmark
+uses them to time a command's first model call from outside it.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import argparse
 import asyncio
 import json
 import re
+import time
 
 ANSWER_RE = re.compile(r"Question:\s*(.+?)\s*(?:\\n|$)")
 
@@ -31,7 +36,12 @@ def completion_body(request: bytes) -> bytes:
     return json.dumps(body).encode()
 
 
-async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float, counter: list[int]) -> None:
+def _respond(writer: asyncio.StreamWriter, payload: bytes) -> None:
+    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+                 + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+
+
+async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float, stats: dict) -> None:
     try:
         while True:
             head = await reader.readuntil(b"\r\n\r\n")
@@ -40,11 +50,17 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, del
                 if line[:15].lower() == b"content-length:":
                     length = int(line[15:].strip())
             body = await reader.readexactly(length) if length else b""
+            if head.startswith((b"GET /stats", b"POST /stats/reset")):
+                if head.startswith(b"POST"):
+                    stats.update(requests=0, first_request_at=None)
+                _respond(writer, json.dumps(stats).encode())
+                await writer.drain()
+                continue
+            if stats["first_request_at"] is None:
+                stats["first_request_at"] = time.time()
             await asyncio.sleep(delay)
-            counter[0] += 1
-            payload = completion_body(body)
-            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
-                         + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+            stats["requests"] += 1
+            _respond(writer, completion_body(body))
             await writer.drain()
     except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
         pass
@@ -53,8 +69,8 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, del
 
 
 async def serve(port: int, delay: float) -> None:
-    counter = [0]
-    server = await asyncio.start_server(lambda r, w: handle(r, w, delay, counter), "127.0.0.1", port, backlog=4096,
+    stats = {"requests": 0, "first_request_at": None}
+    server = await asyncio.start_server(lambda r, w: handle(r, w, delay, stats), "127.0.0.1", port, backlog=4096,
                                         limit=2**20)
     print(f"ready {server.sockets[0].getsockname()[1]}", flush=True)
     async with server:
