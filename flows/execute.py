@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import os
+import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -41,6 +42,7 @@ from tasks.vote import vote_task
 from tracking.diskfull import as_store_full, reported_as_store_full
 from tracking.events import EventStore, new_events, stable_hash, temp_path
 from tracking.metrics import METRICS_VERSION, cached_cell_metrics, cell_metrics
+from tracking.mlflow_log import preload as preload_mlflow
 from tracking.mlflow_log import resolve_tracking_uri, safe_spec
 from tracking.mlflow_sync import MlflowLoggingPending, publish, sync
 from tracking.readers_table import readers_table, write_readers_table
@@ -381,6 +383,8 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
     clock = StageClock()
     spec = ExperimentSpec.model_validate(spec_dict)
     the_plan, run, questions = prepare_run(spec, spec_dict, store_root)
+    tracking_uri = tracking_uri or resolve_tracking_uri(spec.tracking.mlflow_uri)
+    threading.Thread(target=preload_mlflow, args=(tracking_uri,), name="ragledger-mlflow-preload", daemon=True).start()
     accounting = Accounting(run.run_token)
     done = execute(the_plan, questions, run, base_url, accounting, clock)
     clock.restart()  # metrics per cell, from the stored records of this run: closing the endpoint is not a stage
@@ -392,7 +396,7 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
     summary.cells, cell_segments = cell_summaries(done)
     accounting.fill(summary)
     summary.prompt_tokens_evaluated = done.prompt_tokens_evaluated
-    summary.tracking_uri = tracking_uri or resolve_tracking_uri(spec.tracking.mlflow_uri)
+    summary.tracking_uri = tracking_uri
     summary.wall_time_s = clock.total()
     execution = done.execution
     analysis_files = execution.recall_curve.result() if execution.recall_curve else execution.recall_curve_files()

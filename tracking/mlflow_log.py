@@ -107,6 +107,22 @@ def check_reachable(tracking_uri: str, timeout_s: float = 5.0) -> None:
         raise ConnectionError(f"no answer ({reason})") from None
 
 
+def preload(tracking_uri: str) -> None:
+    """Import MLflow and open the tracking store of `tracking_uri` ahead of the logging: a run calls this in a
+    background thread while its model calls are in flight (seconds of imports and, for SQLite, the schema check),
+    so the logging at its end starts at once. MLflow keeps one store per URI, which the logging then reuses.
+    Never raises: the logging meets and reports whatever fails here."""
+    try:
+        from mlflow import MlflowClient
+
+        for name, value in HTTP_RETRY_DEFAULTS.items():
+            os.environ.setdefault(name, value)
+        with _sqlite_init_lock(tracking_uri):
+            MlflowClient(tracking_uri=tracking_uri)._tracking_client.store  # noqa: B018 (opening it is the point)
+    except Exception:  # unreachable, misconfigured: the logging reports it, with the run's context
+        return
+
+
 class MlflowLogger:
     def __init__(self, tracking_uri: str, experiment_name: str):
         from mlflow import MlflowClient
