@@ -11,9 +11,9 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import os
-import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -161,8 +161,13 @@ class PlanExecution:
     """Submits the plan's pipeline stages as their upstream results come in, and keeps the results. The
     continuations run in the flow's thread (flows/pipeline.py), so the dicts need no locks."""
 
-    def __init__(self, the_plan: ExperimentPlan, run: RunContext, use: EndpointUse, accounting: Accounting) -> None:
+    def __init__(self, the_plan: ExperimentPlan, run: RunContext, use: EndpointUse, accounting: Accounting,
+                 meanwhile: Callable[[], Any] | None = None) -> None:
         self.plan, self.run, self.use = the_plan, run, use
+        # background work once the first generate task is done, i.e. while later calls are in flight (importing
+        # MLflow for the logging at the end): started with the flow, it held the GIL while the first shard's
+        # retrieval was being stored and its calls planned, delaying the first model call by seconds
+        self._meanwhile = meanwhile
         self.pipeline = Pipeline(on_result=accounting.add_with_progress)
         self.retrieved: dict[tuple[str, str], StageResult] = {}
         self.generations: dict[tuple[Cell, str], list[StageResult]] = {k: [] for k in the_plan.generates}
@@ -207,6 +212,9 @@ class PlanExecution:
         self.pipeline.submit("generate", generate_round_task, params, partial(self._generated, cell, sid, round_no))
 
     def _generated(self, cell: Cell, sid: str, round_no: int, result: StageResult) -> None:
+        if self._meanwhile is not None:
+            self._background.submit(self._meanwhile)
+            self._meanwhile = None
         self.generations[(cell, sid)].append(result)
         if round_no == len(self.plan.generates[(cell, sid)]):
             self.vote(cell, sid)
@@ -337,7 +345,7 @@ class Executed:
 
 
 def execute(the_plan: ExperimentPlan, questions: list[Question], run: RunContext, base_url: str | None,
-            accounting: Accounting, clock: StageClock) -> Executed:
+            accounting: Accounting, clock: StageClock, meanwhile: Callable[[], Any] | None = None) -> Executed:
     """The stage tasks, inside the model endpoint's block: it closes the endpoint after generation, or with the error
     that ends the run before (an enclosing sweep's shared endpoint stays up: the sweep closes it)."""
     with model_endpoint(the_plan.spec, base_url) as endpoint:
@@ -348,7 +356,7 @@ def execute(the_plan: ExperimentPlan, questions: list[Question], run: RunContext
             dropped, filter_segments = closed_book_filter(the_plan, run, use, accounting)
             the_plan = plan(the_plan.spec, questions, store_root=the_plan.store_root, questions_segment=run.questions_segment,
                             corpus_hash=the_plan.corpus_hash, closed_book_dropped=dropped)
-        execution = PlanExecution(the_plan, run, use, accounting)
+        execution = PlanExecution(the_plan, run, use, accounting, meanwhile)
         clock.lap("prepare")  # includes the closed-book filter and, when a call must be made, the endpoint's start
         execution.run_all()
         clock.seconds.update(execution.pipeline.stage_spans(list(PIPELINE_STAGES)))
@@ -384,9 +392,8 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
     spec = ExperimentSpec.model_validate(spec_dict)
     the_plan, run, questions = prepare_run(spec, spec_dict, store_root)
     tracking_uri = tracking_uri or resolve_tracking_uri(spec.tracking.mlflow_uri)
-    threading.Thread(target=preload_mlflow, args=(tracking_uri,), name="ragledger-mlflow-preload", daemon=True).start()
     accounting = Accounting(run.run_token)
-    done = execute(the_plan, questions, run, base_url, accounting, clock)
+    done = execute(the_plan, questions, run, base_url, accounting, clock, partial(preload_mlflow, tracking_uri))
     clock.restart()  # metrics per cell, from the stored records of this run: closing the endpoint is not a stage
     p = done.plan
     summary = RunSummary(spec.name, spec.spec_hash(), len(p.qids), p.questions_sampled,
