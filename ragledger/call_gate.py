@@ -10,21 +10,40 @@ admitted first come, first served. Ordering changes only when a call is made, ne
 response and cache key depend on its request alone.
 
 `RAGLEDGER_PREFIX_ORDER=0` turns the prefix order off (first come, first served), to measure what it saves
-(tests/benchmarks/test_prefix_order.py).
+(tests/benchmarks/test_prefix_order.py). `RAGLEDGER_GATE_LOG=<file>` appends one JSON line per admitted call:
+the process, the gate, the calls waiting at that moment (the admitted one included; 0 when the slot was free and
+nobody waited), the characters the prompt shares with the one admitted before it, its length and a digest of it
+(sha256 of "system\x00prompt", first 16 hex digits).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import itertools
+import json
 import os
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 
 def prefix_order_enabled() -> bool:
     return os.environ.get("RAGLEDGER_PREFIX_ORDER", "1") != "0"
+
+
+def admission_log_from_env() -> Callable[[dict], None] | None:
+    """The `on_admit` hook that appends each admission to the file named by RAGLEDGER_GATE_LOG; None if unset."""
+    path = os.environ.get("RAGLEDGER_GATE_LOG")
+    if not path:
+        return None
+
+    def write(entry: dict) -> None:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(entry) + "\n")
+
+    return write
 
 
 def common_prefix_len(a: str, b: str) -> int:
@@ -49,7 +68,7 @@ class _Waiter:
 class CallGate:
     """At most `slots` calls in flight; with one slot and `prefix_order`, the longest-shared-prefix call goes next."""
 
-    def __init__(self, slots: int, prefix_order: bool = True) -> None:
+    def __init__(self, slots: int, prefix_order: bool = True, on_admit: Callable[[dict], None] | None = None) -> None:
         if slots < 1:
             raise ValueError(f"a call gate needs at least one slot, got {slots}")
         self.slots = slots
@@ -58,6 +77,7 @@ class CallGate:
         self._waiting: list[_Waiter] = []
         self._last = ""  # the prompt admitted last: what the server's KV cache holds next
         self._seq = itertools.count()
+        self._on_admit = on_admit  # called with each admission's record (admission_log_from_env)
 
     @contextlib.asynccontextmanager
     async def slot(self, text: str) -> AsyncIterator[None]:
@@ -71,7 +91,7 @@ class CallGate:
     async def _acquire(self, text: str) -> None:
         if self._free > 0 and not self._waiting:
             self._free -= 1
-            self._last = text
+            self._admit(text, 0)
             return
         waiter = _Waiter(next(self._seq), text, asyncio.get_running_loop().create_future())
         self._waiting.append(waiter)
@@ -92,6 +112,15 @@ class CallGate:
             best = max(self._waiting, key=lambda w: (common_prefix_len(self._last, w.text), -w.seq))
         else:
             best = min(self._waiting)
+        queued = len(self._waiting)
         self._waiting.remove(best)
-        self._last = best.text
+        self._admit(best.text, queued)
         best.admitted.set_result(None)
+
+    def _admit(self, text: str, queued: int) -> None:
+        if self._on_admit is not None:
+            self._on_admit({"t": round(time.time(), 3), "pid": os.getpid(), "gate": id(self),
+                            "order": "prefix" if self.prefix_order else "arrival", "queued": queued,
+                            "shared": common_prefix_len(self._last, text), "chars": len(text),
+                            "digest": hashlib.sha256(text.encode()).hexdigest()[:16]})
+        self._last = text

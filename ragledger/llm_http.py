@@ -31,7 +31,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ragledger.call_gate import CallGate, prefix_order_enabled
+from ragledger.call_gate import CallGate, admission_log_from_env, prefix_order_enabled
 
 FRAME = struct.Struct("!I")
 
@@ -99,7 +99,7 @@ def _shared(ep: Endpoint, logprobs: bool = False) -> tuple[Any, CallGate]:
     Calls routed to `logprobs_base_url` share the main endpoint's bound: both servers run on one machine."""
     key = (ep.base_url, ep.api_key, ep.concurrency, ep.timeout_s)
     if key not in _SHARED:
-        _SHARED[key] = (_openai(ep, ep.base_url), CallGate(ep.concurrency, prefix_order_enabled()))
+        _SHARED[key] = (_openai(ep, ep.base_url), CallGate(ep.concurrency, prefix_order_enabled(), admission_log_from_env()))
     client, gate = _SHARED[key]
     if logprobs and ep.logprobs_base_url:
         lp_key = ("logprobs", ep.logprobs_base_url, *key)

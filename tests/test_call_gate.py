@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
@@ -82,3 +83,27 @@ def test_the_bound_holds_and_a_cancelled_waiter_passes_its_slot_on():
 def test_a_gate_needs_a_slot():
     with pytest.raises(ValueError, match="at least one slot"):
         CallGate(0)
+
+
+def test_each_admission_is_reported_with_the_queue_and_the_shared_prefix():
+    admissions: list[dict] = []
+    q1 = "sys\x00Passages: A. Question: one"
+    queued = ["sys\x00Passages: B. Question: two", q1 + " (b)"]
+    order = asyncio.run(_admission_order(CallGate(1, on_admit=admissions.append), q1, queued))
+    assert order == [q1, q1 + " (b)", queued[0]]
+    # the first found the slot free; the second was chosen from 2 waiting and shares all of q1; the last waited alone
+    assert [(a["queued"], a["shared"], a["chars"]) for a in admissions] == [
+        (0, 0, len(q1)), (2, len(q1), len(q1) + 4), (1, len("sys\x00Passages: "), len(queued[0]))]
+    assert {a["order"] for a in admissions} == {"prefix"} and len({a["digest"] for a in admissions}) == 3
+
+
+def test_the_admission_log_appends_json_lines_to_the_file_named_by_the_environment(tmp_path, monkeypatch):
+    from ragledger.call_gate import admission_log_from_env
+
+    monkeypatch.delenv("RAGLEDGER_GATE_LOG", raising=False)
+    assert admission_log_from_env() is None
+    log = tmp_path / "gate.jsonl"
+    monkeypatch.setenv("RAGLEDGER_GATE_LOG", str(log))
+    asyncio.run(_admission_order(CallGate(1, prefix_order=False, on_admit=admission_log_from_env()), "a", ["b"]))
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(e["order"], e["queued"]) for e in lines] == [("arrival", 0), ("arrival", 1)]

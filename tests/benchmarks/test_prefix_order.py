@@ -14,6 +14,7 @@ Targets: prompt tokens evaluated -30 % and wall time -20 % with prefix order; id
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import subprocess
@@ -24,9 +25,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ragledger.embedded import _PROMPT_EVAL as PROMPT_EVAL
+
 REPO = Path(__file__).resolve().parents[2]
 RAGLEDGER = str(Path(sys.executable).with_name("ragledger"))
 LIMIT = int(os.environ.get("RAGLEDGER_BENCH_PREFIX_QUESTIONS", "4"))
+SHARD_SIZE = int(os.environ.get("RAGLEDGER_BENCH_PREFIX_SHARD", str(LIMIT)))
+MODEL = os.environ.get("RAGLEDGER_BENCH_PREFIX_MODEL", "")  # empty: the model configs/readers.yaml names
 
 
 def _spec() -> dict:
@@ -36,7 +41,9 @@ def _spec() -> dict:
     readers.append({"name": "concat_pf", "samples": 3})  # self-consistency: 3 samples of one prompt
     spec.update(name="prefix-order", readers=readers)
     spec["dataset"] = {**spec["dataset"], "limit": LIMIT}
-    spec["execution"] = {"shard_size": LIMIT}
+    spec["execution"] = {"shard_size": SHARD_SIZE}
+    if MODEL:
+        spec["model"] = {**spec["model"], "embedded_model": MODEL}
     spec.pop("tracking", None)
     return spec
 
@@ -44,7 +51,8 @@ def _spec() -> dict:
 def _run(workdir: Path, prefix_order: bool) -> dict:
     workdir.mkdir(parents=True)
     (workdir / "spec.yaml").write_text(yaml.safe_dump(_spec(), sort_keys=False))
-    env = {**os.environ, "RAGLEDGER_PREFIX_ORDER": "1" if prefix_order else "0"}
+    env = {**os.environ, "RAGLEDGER_PREFIX_ORDER": "1" if prefix_order else "0",
+           "RAGLEDGER_GATE_LOG": str(workdir / "admissions.jsonl")}
     for k in ("PREFECT_HOME", "PREFECT_LOCAL_STORAGE_PATH", "PREFECT_API_URL"):
         env.pop(k, None)
     started = time.perf_counter()
@@ -56,12 +64,50 @@ def _run(workdir: Path, prefix_order: bool) -> dict:
     sys.path.insert(0, str(REPO))
     from tracking.query import query
 
-    rows = query(workdir / ".ragledger" / "store",
-                 "SELECT cell, qid, prediction, em FROM outcomes ORDER BY cell, qid").to_csv(index=False)
+    store = workdir / ".ragledger" / "store"
+    rows = query(store, "SELECT cell, qid, prediction, em FROM outcomes ORDER BY cell, qid").to_csv(index=False)
+    outputs = query(store, "SELECT DISTINCT call_id, output FROM generations ORDER BY call_id").to_csv(index=False)
     return {"command_s": round(command_s, 1), "wall_time_s": summary["wall_time_s"],
             "llm_calls": summary["llm_calls"], "prompt_tokens_sent": summary["prompt_tokens_sent"],
             "prompt_tokens_evaluated": summary["prompt_tokens_evaluated"],
-            "outcomes_sha256": hashlib.sha256(rows.encode()).hexdigest()}
+            "outcomes_sha256": hashlib.sha256(rows.encode()).hexdigest(),
+            "outputs_sha256": hashlib.sha256(outputs.encode()).hexdigest(), **admissions(workdir, store)}
+
+
+def admissions(workdir: Path, store: Path) -> dict:
+    """What the call gate admitted, in order (RAGLEDGER_GATE_LOG), each call named by its generation record and
+    given the prompt tokens the server evaluated for it (its log's per-completion report, in the same order: one
+    slot); written to admissions.tsv beside the run. Also the characters any order could at best leave to evaluate:
+    the prompts in lexicographic order, each sharing its longest possible prefix with the one before (round
+    dependencies ignored, so a bound)."""
+    from tracking.query import query
+
+    log = [json.loads(line) for line in (workdir / "admissions.jsonl").read_text().splitlines()]
+    gens = query(store, "SELECT DISTINCT system_prompt, prompt, strategy, round, role, qid, sample_index FROM generations")
+    names, texts = {}, {}
+    for g in gens.itertuples():
+        text = f"{g.system_prompt}\x00{g.prompt}"
+        digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+        names.setdefault(digest, f"{g.qid[-6:]} r{g.round} {g.role}#{g.sample_index} {g.strategy}")
+        texts[digest] = text
+    server_log = next(iter((workdir / ".ragledger" / "logs").glob("embedded-server-*.log")), None)
+    evaluated = [int(n) for n in PROMPT_EVAL.findall(server_log.read_bytes())][1:] if server_log else []  # 1st: start-up
+    if len(evaluated) != len(log):
+        evaluated = [None] * len(log)
+    with (workdir / "admissions.tsv").open("w") as f:
+        f.write("i\tqueued\tshared_chars\tchars\tevaluated_tokens\tcall\n")
+        for i, (a, n) in enumerate(zip(log, evaluated, strict=True)):
+            f.write(f"{i}\t{a['queued']}\t{a['shared']}\t{a['chars']}\t{n}\t{names.get(a['digest'], '?')}\n")
+    from ragledger.call_gate import common_prefix_len
+
+    best = sorted(texts.get(a["digest"], "") for a in log)
+    lexicographic = sum(map(len, best)) - sum(common_prefix_len(a, b) for a, b in itertools.pairwise(best))
+    chars = sum(a["chars"] for a in log)
+    return {"gate_processes": len({(a["pid"], a["gate"]) for a in log}),
+            "admitted_from_a_queue_of_2_or_more": sum(a["queued"] >= 2 for a in log),
+            "longest_queue": max((a["queued"] for a in log), default=0),
+            "chars_sent": chars, "chars_not_shared_with_previous": chars - sum(a["shared"] for a in log),
+            "distinct_prompt_chars_lexicographic": lexicographic}
 
 
 def test_prefix_order_saves_prompt_evaluation(tmp_path, benchmark, record_result):
@@ -78,6 +124,8 @@ def test_prefix_order_saves_prompt_evaluation(tmp_path, benchmark, record_result
         "evaluated_change_pct": round(100 * (ordered["prompt_tokens_evaluated"] / fifo["prompt_tokens_evaluated"] - 1), 1),
         "wall_time_change_pct": round(100 * (ordered["wall_time_s"] / fifo["wall_time_s"] - 1), 1),
         "identical_outcomes": ordered["outcomes_sha256"] == fifo["outcomes_sha256"],
+        "identical_outputs": ordered["outputs_sha256"] == fifo["outputs_sha256"],
+        "runs": str(tmp_path),
     }
     record_result("prefix_order", figures)
     assert fifo["llm_calls"] == ordered["llm_calls"] > 0  # the same calls, each made once
