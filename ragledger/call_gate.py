@@ -2,7 +2,8 @@
 
 A server that answers one request at a time and keeps the previous prompt in its KV cache (the embedded llama.cpp
 server) evaluates only the part of the next prompt that differs from the last one. So when such an endpoint's slot
-frees, the waiting call whose prompt shares the longest prefix with the prompt just admitted goes next: the
+frees, the waiting call whose prompt shares the longest prefix with the prompt its server was sent last goes next
+(the embedded backend's log-probability server shares the main server's slot and keeps its own KV cache): the
 self-consistency samples of one prompt, the two candidate-conditioned summaries of one SuRe question, the calls of
 several readers over the same passages go back to back instead of in submission order. Ties go to the call that
 waited longest. With more than one slot (vLLM, OpenAI: batching servers with their own prefix caches) calls are
@@ -12,7 +13,7 @@ response and cache key depend on its request alone.
 `RAGLEDGER_PREFIX_ORDER=0` turns the prefix order off (first come, first served), to measure what it saves
 (tests/benchmarks/test_prefix_order.py). `RAGLEDGER_GATE_LOG=<file>` appends one JSON line per admitted call:
 the process, the gate, the calls waiting at that moment (the admitted one included; 0 when the slot was free and
-nobody waited), the characters the prompt shares with the one admitted before it, its length and a digest of it
+nobody waited), the characters the prompt shares with the one its server was sent before, its length and a digest of it
 (sha256 of "system\x00prompt", first 16 hex digits).
 """
 
@@ -62,6 +63,7 @@ def common_prefix_len(a: str, b: str) -> int:
 class _Waiter:
     seq: int
     text: str = field(compare=False)
+    server: str = field(compare=False)
     admitted: asyncio.Future = field(compare=False)
 
 
@@ -75,25 +77,28 @@ class CallGate:
         self.prefix_order = prefix_order and slots == 1
         self._free = slots
         self._waiting: list[_Waiter] = []
-        self._last = ""  # the prompt admitted last: what the server's KV cache holds next
+        # per server behind the gate (the embedded backend's log-probability server shares its bound): the prompt
+        # admitted to it last, what its KV cache holds next
+        self._last: dict[str, str] = {}
         self._seq = itertools.count()
         self._on_admit = on_admit  # called with each admission's record (admission_log_from_env)
 
     @contextlib.asynccontextmanager
-    async def slot(self, text: str) -> AsyncIterator[None]:
-        """Hold one slot for the duration of the block; `text` is the call's full prompt (system + user)."""
-        await self._acquire(text)
+    async def slot(self, text: str, server: str = "") -> AsyncIterator[None]:
+        """Hold one slot for the duration of the block; `text` is the call's full prompt (system + user), `server`
+        the server it goes to, where one gate bounds several (each keeps its own previous prompt)."""
+        await self._acquire(text, server)
         try:
             yield
         finally:
             self._release()
 
-    async def _acquire(self, text: str) -> None:
+    async def _acquire(self, text: str, server: str) -> None:
         if self._free > 0 and not self._waiting:
             self._free -= 1
-            self._admit(text, 0)
+            self._admit(text, server, 0)
             return
-        waiter = _Waiter(next(self._seq), text, asyncio.get_running_loop().create_future())
+        waiter = _Waiter(next(self._seq), text, server, asyncio.get_running_loop().create_future())
         self._waiting.append(waiter)
         try:
             await waiter.admitted
@@ -109,18 +114,19 @@ class CallGate:
             self._free += 1
             return
         if self.prefix_order:
-            best = max(self._waiting, key=lambda w: (common_prefix_len(self._last, w.text), -w.seq))
+            best = max(self._waiting, key=lambda w: (common_prefix_len(self._last.get(w.server, ""), w.text), -w.seq))
         else:
             best = min(self._waiting)
         queued = len(self._waiting)
         self._waiting.remove(best)
-        self._admit(best.text, queued)
+        self._admit(best.text, best.server, queued)
         best.admitted.set_result(None)
 
-    def _admit(self, text: str, queued: int) -> None:
+    def _admit(self, text: str, server: str, queued: int) -> None:
+        last = self._last.get(server, "")
         if self._on_admit is not None:
             self._on_admit({"t": round(time.time(), 3), "pid": os.getpid(), "gate": id(self),
                             "order": "prefix" if self.prefix_order else "arrival", "queued": queued,
-                            "shared": common_prefix_len(self._last, text), "chars": len(text),
+                            "shared": common_prefix_len(last, text), "chars": len(text),
                             "digest": hashlib.sha256(text.encode()).hexdigest()[:16]})
-        self._last = text
+        self._last[server] = text

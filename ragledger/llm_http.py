@@ -121,7 +121,7 @@ def _openai(ep: Endpoint, url: str) -> Any:
 
 async def call_endpoint(ep: Endpoint, req: LLMRequest, unreachable_for_s: float) -> LLMResponse:
     client, gate = _shared(ep, req.logprobs)
-    async with gate.slot(f"{req.system}\x00{req.prompt}"):
+    async with gate.slot(f"{req.system}\x00{req.prompt}", str(client.base_url)):
         return await _call_with_retries(ep, client, req, unreachable_for_s)
 
 

@@ -107,3 +107,30 @@ def test_the_admission_log_appends_json_lines_to_the_file_named_by_the_environme
     asyncio.run(_admission_order(CallGate(1, prefix_order=False, on_admit=admission_log_from_env()), "a", ["b"]))
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     assert [(e["order"], e["queued"]) for e in lines] == [("arrival", 0), ("arrival", 1)]
+
+
+def test_each_server_behind_one_gate_is_matched_against_its_own_previous_prompt():
+    """The embedded backend's log-probability server shares the main server's slot: a call to the main server
+    after a log-probability call still goes by what the main server's KV cache holds."""
+
+    async def scenario() -> list[str]:
+        gate, order, hold = CallGate(1), [], asyncio.Event()
+
+        async def call(text: str, server: str, wait: asyncio.Event | None = None) -> None:
+            async with gate.slot(text, server):
+                order.append(f"{server}:{text}")
+                if wait is not None:
+                    await wait.wait()
+
+        await call("q1 passages main", "main")  # what the main server holds
+        head = asyncio.create_task(call("q9 feedback", "logprobs", hold))
+        await asyncio.sleep(0)
+        rest = [asyncio.create_task(call(t, "main")) for t in ("q9 other", "q1 passages main (b)")]
+        await asyncio.sleep(0.01)
+        hold.set()
+        await asyncio.gather(head, *rest)
+        return order
+
+    # after the log-probability call, q9's main-server call shares "q9 " with it, but the main server holds q1's prompt
+    assert asyncio.run(scenario()) == ["main:q1 passages main", "logprobs:q9 feedback", "main:q1 passages main (b)",
+                                       "main:q9 other"]
