@@ -5,8 +5,13 @@ server) evaluates only the part of the next prompt that differs from the last on
 frees, the waiting call whose prompt shares the longest prefix with the prompt its server was sent last goes next
 (the embedded backend's log-probability server shares the main server's slot and keeps its own KV cache): the
 self-consistency samples of one prompt, the two candidate-conditioned summaries of one SuRe question, the calls of
-several readers over the same passages go back to back instead of in submission order. Ties go to the call that
-waited longest. With more than one slot (vLLM, OpenAI: batching servers with their own prefix caches) calls are
+several readers over the same passages go back to back instead of in submission order. A shared prefix shorter
+than MIN_SHARED_CHARS (a chat template's header, a one-line instruction) counts as none. Among the calls that share
+none, the one with the most rounds of its strategy still to come goes first (`rounds_after`, from the generate
+stage): its answer lets the next round's calls join the queue while the calls they share a prefix with still wait
+there (SuRe's conditional summaries share the passages with the generic summary of Sum-and-pred, its MCQ call and
+the summaries-appended prediction share them with Base), instead of arriving after those have gone. Then the call
+that waited longest. With more than one slot (vLLM, OpenAI: batching servers with their own prefix caches) calls are
 admitted first come, first served. Ordering changes only when a call is made, never what it returns: a call's
 response and cache key depend on its request alone.
 
@@ -28,6 +33,9 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+
+# A shared prefix shorter than this (~64 tokens) saves less than moving a multi-round strategy on
+MIN_SHARED_CHARS = 256
 
 
 def prefix_order_enabled() -> bool:
@@ -64,13 +72,15 @@ class _Waiter:
     seq: int
     text: str = field(compare=False)
     server: str = field(compare=False)
+    rounds_after: int = field(compare=False)
     admitted: asyncio.Future = field(compare=False)
 
 
 class CallGate:
     """At most `slots` calls in flight; with one slot and `prefix_order`, the longest-shared-prefix call goes next."""
 
-    def __init__(self, slots: int, prefix_order: bool = True, on_admit: Callable[[dict], None] | None = None) -> None:
+    def __init__(self, slots: int, prefix_order: bool = True, on_admit: Callable[[dict], None] | None = None,
+                 min_shared: int = MIN_SHARED_CHARS) -> None:
         if slots < 1:
             raise ValueError(f"a call gate needs at least one slot, got {slots}")
         self.slots = slots
@@ -82,23 +92,25 @@ class CallGate:
         self._last: dict[str, str] = {}
         self._seq = itertools.count()
         self._on_admit = on_admit  # called with each admission's record (admission_log_from_env)
+        self._min_shared = min_shared
 
     @contextlib.asynccontextmanager
-    async def slot(self, text: str, server: str = "") -> AsyncIterator[None]:
+    async def slot(self, text: str, server: str = "", rounds_after: int = 0) -> AsyncIterator[None]:
         """Hold one slot for the duration of the block; `text` is the call's full prompt (system + user), `server`
-        the server it goes to, where one gate bounds several (each keeps its own previous prompt)."""
-        await self._acquire(text, server)
+        the server it goes to, where one gate bounds several (each keeps its own previous prompt); `rounds_after`
+        how many rounds of the calling strategy follow this call's."""
+        await self._acquire(text, server, rounds_after)
         try:
             yield
         finally:
             self._release()
 
-    async def _acquire(self, text: str, server: str) -> None:
+    async def _acquire(self, text: str, server: str, rounds_after: int) -> None:
         if self._free > 0 and not self._waiting:
             self._free -= 1
             self._admit(text, server, 0)
             return
-        waiter = _Waiter(next(self._seq), text, server, asyncio.get_running_loop().create_future())
+        waiter = _Waiter(next(self._seq), text, server, rounds_after, asyncio.get_running_loop().create_future())
         self._waiting.append(waiter)
         try:
             await waiter.admitted
@@ -113,14 +125,15 @@ class CallGate:
         if not self._waiting:
             self._free += 1
             return
-        if self.prefix_order:
-            best = max(self._waiting, key=lambda w: (common_prefix_len(self._last.get(w.server, ""), w.text), -w.seq))
-        else:
-            best = min(self._waiting)
+        best = max(self._waiting, key=self._priority) if self.prefix_order else min(self._waiting)
         queued = len(self._waiting)
         self._waiting.remove(best)
         self._admit(best.text, best.server, queued)
         best.admitted.set_result(None)
+
+    def _priority(self, w: _Waiter) -> tuple[int, int, int]:
+        shared = common_prefix_len(self._last.get(w.server, ""), w.text)
+        return (shared if shared >= self._min_shared else 0), w.rounds_after, -w.seq
 
     def _admit(self, text: str, server: str, queued: int) -> None:
         last = self._last.get(server, "")

@@ -44,7 +44,7 @@ def test_one_slot_admits_the_longest_shared_prefix_next():
     q1 = sys_ + "Passages: [1] Denver won Super Bowl 50. Question: who won?"
     q2 = sys_ + "Passages: [1] Beyonce headlined the halftime show. Question: who sang?"
     queued = [q2, q1 + " sample 2", "Other system\x00x", q1 + " sample 1", q2 + " sample 1"]
-    order = asyncio.run(_admission_order(CallGate(1), q1, queued))
+    order = asyncio.run(_admission_order(CallGate(1, min_shared=1), q1, queued))
     # after q1: its two samples (ties: the one that waited longest), then q2 and its sample, then the stranger
     assert order == [q1, q1 + " sample 2", q1 + " sample 1", q2, q2 + " sample 1", "Other system\x00x"]
 
@@ -89,7 +89,7 @@ def test_each_admission_is_reported_with_the_queue_and_the_shared_prefix():
     admissions: list[dict] = []
     q1 = "sys\x00Passages: A. Question: one"
     queued = ["sys\x00Passages: B. Question: two", q1 + " (b)"]
-    order = asyncio.run(_admission_order(CallGate(1, on_admit=admissions.append), q1, queued))
+    order = asyncio.run(_admission_order(CallGate(1, on_admit=admissions.append, min_shared=1), q1, queued))
     assert order == [q1, q1 + " (b)", queued[0]]
     # the first found the slot free; the second was chosen from 2 waiting and shares all of q1; the last waited alone
     assert [(a["queued"], a["shared"], a["chars"]) for a in admissions] == [
@@ -114,7 +114,7 @@ def test_each_server_behind_one_gate_is_matched_against_its_own_previous_prompt(
     after a log-probability call still goes by what the main server's KV cache holds."""
 
     async def scenario() -> list[str]:
-        gate, order, hold = CallGate(1), [], asyncio.Event()
+        gate, order, hold = CallGate(1, min_shared=1), [], asyncio.Event()
 
         async def call(text: str, server: str, wait: asyncio.Event | None = None) -> None:
             async with gate.slot(text, server):
@@ -134,3 +134,36 @@ def test_each_server_behind_one_gate_is_matched_against_its_own_previous_prompt(
     # after the log-probability call, q9's main-server call shares "q9 " with it, but the main server holds q1's prompt
     assert asyncio.run(scenario()) == ["main:q1 passages main", "logprobs:q9 feedback", "main:q1 passages main (b)",
                                        "main:q9 other"]
+
+
+def test_a_short_shared_prefix_counts_as_none_and_calls_with_more_rounds_after_them_go_first():
+    """SuRe's round-1 call goes before Base's and the generic summary's: its next round's calls then find them
+    still waiting (they share the passages) instead of arriving after they have gone."""
+    header = "<|im_start|>system\n"  # what every prompt of a chat template starts with: not worth waiting for
+    passages = "Passage #1 Title: Super Bowl 50\nPassage #1 Text: " + "The Broncos defeated the Panthers. " * 20
+
+    async def scenario() -> list[str]:
+        gate, order, hold = CallGate(1), [], asyncio.Event()
+
+        async def call(name: str, text: str, rounds_after: int, wait: asyncio.Event | None = None) -> None:
+            async with gate.slot(text, "", rounds_after):
+                order.append(name)
+                if wait is not None:
+                    await wait.wait()
+                if name == "candidates":  # its answer plans SuRe's next round, which shares Base's passages
+                    tasks.append(asyncio.create_task(call("mcq", header + passages + "Choices: (a) Broncos", 0)))
+
+        tasks: list[asyncio.Task] = []
+        head = asyncio.create_task(call("other question", header + "Context: something else entirely", 0, hold))
+        await asyncio.sleep(0)
+        tasks += [asyncio.create_task(call(n, header + t, r)) for n, t, r in (
+            ("base", passages + "Answer:", 0), ("generic", "\n\n" + passages + "Summary:", 1),
+            ("candidates", "Below are 5 passages." + passages, 2))]
+        await asyncio.sleep(0.01)
+        hold.set()
+        await head
+        while not all(t.done() for t in tasks):
+            await asyncio.gather(*tasks)
+        return order
+
+    assert asyncio.run(scenario()) == ["other question", "candidates", "generic", "base", "mcq"]

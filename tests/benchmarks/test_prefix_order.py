@@ -29,9 +29,10 @@ from ragledger.embedded import _PROMPT_EVAL as PROMPT_EVAL
 
 REPO = Path(__file__).resolve().parents[2]
 RAGLEDGER = str(Path(sys.executable).with_name("ragledger"))
-LIMIT = int(os.environ.get("RAGLEDGER_BENCH_PREFIX_QUESTIONS", "4"))
-SHARD_SIZE = int(os.environ.get("RAGLEDGER_BENCH_PREFIX_SHARD", str(LIMIT)))
-MODEL = os.environ.get("RAGLEDGER_BENCH_PREFIX_MODEL", "")  # empty: the model configs/readers.yaml names
+LIMIT = int(os.environ.get("RAGLEDGER_BENCH_PREFIX_QUESTIONS", "2"))
+SHARD_SIZE = int(os.environ.get("RAGLEDGER_BENCH_PREFIX_SHARD", "1"))  # one question per shard: shards interleave
+# the 1.5B model: the 0.5B one writes a single SuRe candidate, so SuRe's rounds 2-3 (most of the shared prefixes) never run
+MODEL = os.environ.get("RAGLEDGER_BENCH_PREFIX_MODEL", "qwen2.5-1.5b-instruct-q4km")
 
 
 def _spec() -> dict:
