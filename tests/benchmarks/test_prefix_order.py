@@ -17,6 +17,7 @@ import hashlib
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -60,6 +61,7 @@ def _run(workdir: Path, prefix_order: bool) -> dict:
     out = subprocess.run([RAGLEDGER, "run", "spec.yaml", "--json", "run.json"], cwd=workdir, env=env,
                          capture_output=True, text=True, timeout=3600)
     command_s = time.perf_counter() - started
+    load = os.getloadavg()  # the machine is shared: how busy it was over the run's last 1, 5 and 15 minutes
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     summary = json.loads((workdir / "run.json").read_text())
     sys.path.insert(0, str(REPO))
@@ -69,6 +71,7 @@ def _run(workdir: Path, prefix_order: bool) -> dict:
     rows = query(store, "SELECT cell, qid, prediction, em FROM outcomes ORDER BY cell, qid").to_csv(index=False)
     outputs = query(store, "SELECT DISTINCT call_id, output FROM generations ORDER BY call_id").to_csv(index=False)
     return {"command_s": round(command_s, 1), "wall_time_s": summary["wall_time_s"],
+            "load_average_at_end": [round(x, 1) for x in load],
             "llm_calls": summary["llm_calls"], "prompt_tokens_sent": summary["prompt_tokens_sent"],
             "prompt_tokens_evaluated": summary["prompt_tokens_evaluated"],
             "outcomes_sha256": hashlib.sha256(rows.encode()).hexdigest(),
@@ -92,7 +95,11 @@ def admissions(workdir: Path, store: Path) -> dict:
         names.setdefault(digest, f"{g.qid[-6:]} r{g.round} {g.role}#{g.sample_index} {g.strategy}")
         texts[digest] = text
     server_log = next(iter((workdir / ".ragledger" / "logs").glob("embedded-server-*.log")), None)
-    evaluated = [int(n) for n in PROMPT_EVAL.findall(server_log.read_bytes())][1:] if server_log else []  # 1st: start-up
+    log_bytes = server_log.read_bytes() if server_log else b""
+    evaluated = [int(n) for n in PROMPT_EVAL.findall(log_bytes)][1:]  # the first: the server's start-up check
+    # llama.cpp's own timing of each completion (the start-up check's first): its prompt evaluation and its generation
+    prompt_ms = [float(x) for x in re.findall(rb"prompt eval time =\s*([\d.]+) ms", log_bytes)][1:]
+    generation_ms = [float(x) for x in re.findall(rb"_print:\s+eval time =\s*([\d.]+) ms", log_bytes)][1:]
     if len(evaluated) != len(log):
         evaluated = [None] * len(log)
     with (workdir / "admissions.tsv").open("w") as f:
@@ -104,7 +111,8 @@ def admissions(workdir: Path, store: Path) -> dict:
     best = sorted(texts.get(a["digest"], "") for a in log)
     lexicographic = sum(map(len, best)) - sum(common_prefix_len(a, b) for a, b in itertools.pairwise(best))
     chars = sum(a["chars"] for a in log)
-    return {"gate_processes": len({(a["pid"], a["gate"]) for a in log}),
+    return {"server_prompt_eval_s": round(sum(prompt_ms) / 1000, 1), "server_generation_s": round(sum(generation_ms) / 1000, 1),
+            "gate_processes": len({(a["pid"], a["gate"]) for a in log}),
             "admitted_from_a_queue_of_2_or_more": sum(a["queued"] >= 2 for a in log),
             "longest_queue": max((a["queued"] for a in log), default=0),
             "chars_sent": chars, "chars_not_shared_with_previous": chars - sum(a["shared"] for a in log),
