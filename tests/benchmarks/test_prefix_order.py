@@ -78,6 +78,21 @@ def _run(workdir: Path, prefix_order: bool) -> dict:
             "outputs_sha256": hashlib.sha256(outputs.encode()).hexdigest(), **admissions(workdir, store)}
 
 
+def compare_outputs(a: Path, b: Path) -> dict:
+    """Which calls (by cache key) the two runs both made, and which of those returned different text: each named by
+    its strategy, role and question, with the characters its prompt shared with the one before it in either run."""
+    from tracking.query import query
+
+    sql = "SELECT call_id, any_value(strategy) AS strategy, any_value(role) AS role, any_value(qid) AS qid, " \
+          "any_value(output) AS output FROM generations WHERE NOT from_cache GROUP BY call_id"
+    runs = [query(d / ".ragledger" / "store", sql).set_index("call_id") for d in (a, b)]
+    common = runs[0].index.intersection(runs[1].index)
+    differ = [c for c in common if runs[0].at[c, "output"] != runs[1].at[c, "output"]]
+    return {"calls_in_both": len(common), "calls_only_in_one": len(runs[0].index.symmetric_difference(runs[1].index)),
+            "calls_with_different_output": [f"{runs[0].at[c, 'strategy']} {runs[0].at[c, 'role']} {runs[0].at[c, 'qid']}"
+                                            for c in differ]}
+
+
 def admissions(workdir: Path, store: Path) -> dict:
     """What the call gate admitted, in order (RAGLEDGER_GATE_LOG), each call named by its generation record and
     given the prompt tokens the server evaluated for it (its log's per-completion report, in the same order: one
@@ -134,6 +149,7 @@ def test_prefix_order_saves_prompt_evaluation(tmp_path, benchmark, record_result
         "wall_time_change_pct": round(100 * (ordered["wall_time_s"] / fifo["wall_time_s"] - 1), 1),
         "identical_outcomes": ordered["outcomes_sha256"] == fifo["outcomes_sha256"],
         "identical_outputs": ordered["outputs_sha256"] == fifo["outputs_sha256"],
+        **compare_outputs(tmp_path / "arrival-order", tmp_path / "prefix-order"),
         "runs": str(tmp_path),
     }
     record_result("prefix_order", figures)
