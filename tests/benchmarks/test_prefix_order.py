@@ -30,7 +30,7 @@ from ragledger.embedded import _PROMPT_EVAL as PROMPT_EVAL
 
 REPO = Path(__file__).resolve().parents[2]
 RAGLEDGER = str(Path(sys.executable).with_name("ragledger"))
-LIMIT = int(os.environ.get("RAGLEDGER_BENCH_PREFIX_QUESTIONS", "2"))
+LIMIT = int(os.environ.get("RAGLEDGER_BENCH_PREFIX_QUESTIONS", "4"))
 SHARD_SIZE = int(os.environ.get("RAGLEDGER_BENCH_PREFIX_SHARD", "1"))  # one question per shard: shards interleave
 # the 1.5B model: the 0.5B one writes a single SuRe candidate, so SuRe's rounds 2-3 (most of the shared prefixes) never run
 MODEL = os.environ.get("RAGLEDGER_BENCH_PREFIX_MODEL", "qwen2.5-1.5b-instruct-q4km")
@@ -88,9 +88,13 @@ def compare_outputs(a: Path, b: Path) -> dict:
     runs = [query(d / ".ragledger" / "store", sql).set_index("call_id") for d in (a, b)]
     common = runs[0].index.intersection(runs[1].index)
     differ = [c for c in common if runs[0].at[c, "output"] != runs[1].at[c, "output"]]
+    outcomes = [query(d / ".ragledger" / "store", "SELECT strategy, qid, prediction FROM outcomes").set_index(["strategy", "qid"])
+                for d in (a, b)]
     return {"calls_in_both": len(common), "calls_only_in_one": len(runs[0].index.symmetric_difference(runs[1].index)),
             "calls_with_different_output": [f"{runs[0].at[c, 'strategy']} {runs[0].at[c, 'role']} {runs[0].at[c, 'qid']}"
-                                            for c in differ]}
+                                            for c in differ],
+            "outcomes_that_differ": [f"{k[0]} {k[1]}" for k in outcomes[0].index
+                                     if outcomes[0].at[k, "prediction"] != outcomes[1]["prediction"].get(k)]}
 
 
 def admissions(workdir: Path, store: Path) -> dict:
