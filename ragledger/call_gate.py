@@ -12,8 +12,9 @@ stage): its answer lets the next round's calls join the queue while the calls th
 there (SuRe's conditional summaries share the passages with the generic summary of Sum-and-pred, its MCQ call and
 the summaries-appended prediction share them with Base), instead of arriving after those have gone. Then the call
 that waited longest. With more than one slot (vLLM, OpenAI: batching servers with their own prefix caches) calls are
-admitted first come, first served. Ordering changes only when a call is made, never what it returns: a call's
-response and cache key depend on its request alone.
+admitted first come, first served. Ordering changes when a call is made, never its request or cache key; on
+llama.cpp its text can change with it, as the logits of a prompt depend slightly on which of its prefixes came from
+the KV cache (in arrival order too; docs/performance.md, The embedded model).
 
 `RAGLEDGER_PREFIX_ORDER=0` turns the prefix order off (first come, first served), to measure what it saves
 (tests/benchmarks/test_prefix_order.py). `RAGLEDGER_GATE_LOG=<file>` appends one JSON line per admitted call:
