@@ -93,7 +93,9 @@ class LLMClient:
                                                 length=40)
         return key
 
-    async def complete(self, req: LLMRequest) -> LLMResponse:
+    async def complete(self, req: LLMRequest, rounds_after: int = 0) -> LLMResponse:
+        """The response to `req`, from the cache or the model. `rounds_after`: how many rounds of the calling
+        strategy follow this call's (a hint to the call gate's order, ragledger/call_gate.py; not part of the call)."""
         key = self.cache_key(req)
         # an identical request already in flight (strategies sharing calls in the same round, e.g.
         # concat_pf's round 1 and concatenation) waits for that one instead of calling the model again
@@ -108,7 +110,7 @@ class LLMClient:
         _INFLIGHT[slot] = future
         try:
             cache_path = str(self.cache.path) if self.cache is not None else None
-            response = await _call_processes(loop).call(self.endpoint, req, key, cache_path)
+            response = await _call_processes(loop).call(self.endpoint, req, key, cache_path, rounds_after)
         except asyncio.CancelledError:
             future.cancel()
             raise
@@ -191,7 +193,8 @@ class _CallProcess:
                     f"the model-call process ({sys.executable} -m ragledger.llm_http) exited with code {code}{why} "
                     f"while {len(lost)} call(s) waited for it; its own error, if any, is above in stderr"))
 
-    async def call(self, ep: Endpoint, req: LLMRequest, cache_key: str, cache_path: str | None) -> LLMResponse:
+    async def call(self, ep: Endpoint, req: LLMRequest, cache_key: str, cache_path: str | None,
+                   rounds_after: int = 0) -> LLMResponse:
         """Send one call; UNREACHABLE_FOR_S is read now, so a change to it applies to the next call."""
         self.outstanding += 1  # before the first await: the next call's choice of process already sees it
         try:
@@ -201,7 +204,7 @@ class _CallProcess:
             call_id = self._next_id
             future = asyncio.get_running_loop().create_future()
             self._pending[call_id] = future
-            proc.stdin.write(encode(("call", call_id, ep, req, cache_key, cache_path, UNREACHABLE_FOR_S)))
+            proc.stdin.write(encode(("call", call_id, ep, req, cache_key, cache_path, UNREACHABLE_FOR_S, rounds_after)))
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # gone: _read_answers fails the call
                 await proc.stdin.drain()
             return await future
@@ -224,12 +227,13 @@ class _CallProcesses:
         self.processes: list[_CallProcess] = []
         self._shares: dict[tuple[Endpoint, int, int], Endpoint] = {}
 
-    async def call(self, ep: Endpoint, req: LLMRequest, cache_key: str, cache_path: str | None) -> LLMResponse:
+    async def call(self, ep: Endpoint, req: LLMRequest, cache_key: str, cache_path: str | None,
+                   rounds_after: int = 0) -> LLMResponse:
         n = call_processes_for(ep.concurrency)
         while len(self.processes) < n:
             self.processes.append(_CallProcess())
         i = min(range(n), key=lambda j: self.processes[j].outstanding)
-        return await self.processes[i].call(self._share(ep, i, n), req, cache_key, cache_path)
+        return await self.processes[i].call(self._share(ep, i, n), req, cache_key, cache_path, rounds_after)
 
     def _share(self, ep: Endpoint, i: int, n: int) -> Endpoint:
         """The endpoint as process i of n bounds it: its share of the concurrency (the first ones take the rest)."""

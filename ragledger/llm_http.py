@@ -13,7 +13,7 @@ validating and writing records, scoring) held the GIL while the event loop's soc
 loop got the GIL late, so its 64 slots sat answered but unread. In its own process the loop's only work is the calls.
 
 Protocol (both ends ragledger's own): length-prefixed pickles. Parent -> child: ("call", id, Endpoint, LLMRequest,
-cache key, cache path or None, unreachable_for_s) and ("close", base_url). Child -> parent: (id, True, LLMResponse)
+cache key, cache path or None, unreachable_for_s, rounds_after) and ("close", base_url). Child -> parent: (id, True, LLMResponse)
 or (id, False, message), a ContextOverflow being sent as itself.
 A call is written to the call cache before its answer is sent, so a call that was answered is never asked again,
 whatever happens to either process afterwards.
@@ -31,7 +31,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ragledger.call_gate import CallGate, prefix_order_enabled
+from ragledger.call_gate import CallGate, admission_log_from_env, prefix_order_enabled
 
 FRAME = struct.Struct("!I")
 
@@ -99,7 +99,7 @@ def _shared(ep: Endpoint, logprobs: bool = False) -> tuple[Any, CallGate]:
     Calls routed to `logprobs_base_url` share the main endpoint's bound: both servers run on one machine."""
     key = (ep.base_url, ep.api_key, ep.concurrency, ep.timeout_s)
     if key not in _SHARED:
-        _SHARED[key] = (_openai(ep, ep.base_url), CallGate(ep.concurrency, prefix_order_enabled()))
+        _SHARED[key] = (_openai(ep, ep.base_url), CallGate(ep.concurrency, prefix_order_enabled(), admission_log_from_env()))
     client, gate = _SHARED[key]
     if logprobs and ep.logprobs_base_url:
         lp_key = ("logprobs", ep.logprobs_base_url, *key)
@@ -119,9 +119,9 @@ def _openai(ep: Endpoint, url: str) -> Any:
                               http_client=openai.DefaultAioHttpClient(timeout=ep.timeout_s))
 
 
-async def call_endpoint(ep: Endpoint, req: LLMRequest, unreachable_for_s: float) -> LLMResponse:
+async def call_endpoint(ep: Endpoint, req: LLMRequest, unreachable_for_s: float, rounds_after: int = 0) -> LLMResponse:
     client, gate = _shared(ep, req.logprobs)
-    async with gate.slot(f"{req.system}\x00{req.prompt}"):
+    async with gate.slot(f"{req.system}\x00{req.prompt}", str(client.base_url), rounds_after):
         return await _call_with_retries(ep, client, req, unreachable_for_s)
 
 
@@ -357,13 +357,13 @@ class _Caches:
 
 
 async def cached_call(caches: _Caches, ep: Endpoint, req: LLMRequest, cache_key: str, cache_path: str | None,
-                      unreachable_for_s: float) -> LLMResponse:
+                      unreachable_for_s: float, rounds_after: int = 0) -> LLMResponse:
     cache = caches.get(cache_path)
     if cache is not None:
         hit = cache.get(cache_key)
         if hit is not None:
             return LLMResponse(**{**hit, "from_cache": True})
-    response = await call_endpoint(ep, req, unreachable_for_s)
+    response = await call_endpoint(ep, req, unreachable_for_s, rounds_after)
     if cache is not None:
         cache.put(cache_key, {k: v for k, v in asdict(response).items() if k != "from_cache"})
     return response
@@ -375,9 +375,10 @@ async def serve(reader: asyncio.StreamReader, write) -> None:
     running: set[asyncio.Task] = set()
 
     async def answer(call_id: int, ep: Endpoint, req: LLMRequest, cache_key: str, cache_path: str | None,
-                     unreachable_for_s: float) -> None:
+                     unreachable_for_s: float, rounds_after: int = 0) -> None:
         try:
-            message = (call_id, True, await cached_call(caches, ep, req, cache_key, cache_path, unreachable_for_s))
+            response = await cached_call(caches, ep, req, cache_key, cache_path, unreachable_for_s, rounds_after)
+            message = (call_id, True, response)
         except ContextOverflow as exc:
             message = (call_id, False, exc)  # as itself: the parent names the cell and question (tasks/generate.py)
         except BackendError as exc:

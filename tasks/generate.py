@@ -169,7 +169,9 @@ def run_generate_round(run: RunContext, stage: GenerateStage, base_url: str, ret
         for i, call in enumerate(reader.plan(stage.round_no, item, history.get(item.qid, []), settings)):
             planned.append((item.qid, i, call, to_request(call, spec)))
     client = llm_client_for(spec, base_url, run.store_root, logprobs_base_url)
-    responses = run_on_engine(complete_all(client, planned, stage)) if planned else []
+    # the rounds of the strategy after this one: the call gate lets a call that more rounds wait on go first
+    rounds_after = max(0, reader.rounds - stage.round_no)
+    responses = run_on_engine(complete_all(client, planned, stage, rounds_after)) if planned else []
     rows = generation_rows(spec, reader, stage.retriever, stage.round_no, stage.key, planned, responses, client,
                            stage.reader, reader.version_for(settings))
     segment = store.write("generations", new_events("generations", spec.name, rows)) if rows else None
@@ -177,12 +179,12 @@ def run_generate_round(run: RunContext, stage: GenerateStage, base_url: str, ret
 
 
 async def complete_all(client: LLMClient, planned: list[tuple[str, int, Call, LLMRequest]],
-                       stage: GenerateStage) -> list[LLMResponse]:
+                       stage: GenerateStage, rounds_after: int = 0) -> list[LLMResponse]:
     """Every planned call, concurrently; progress per finished call, so a long shard shows movement."""
 
     async def one(qid: str, call: Call, req: LLMRequest) -> LLMResponse:
         try:
-            resp = await client.complete(req)
+            resp = await client.complete(req, rounds_after)
         except ContextOverflow as exc:
             raise ContextOverflow(overflow_message(stage.cell.name, qid, stage.round_no, call, exc)) from None
         crashpoint("generate.call")
