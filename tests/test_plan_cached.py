@@ -87,3 +87,36 @@ def test_ragledger_run_answers_a_cached_rerun_from_the_store_and_falls_back_to_t
         (pending / "x.json").write_text("{}")
         assert "answered from the store" not in cli(tmp_path, "run", str(spec)).stdout  # the flow syncs pending logs
         assert model.calls == calls
+
+
+def test_the_corpus_hash_is_kept_for_the_corpus_files_as_they_are(tmp_path, monkeypatch):
+    """flows/plan.corpus_hash_for keeps the hash beside the store, named by the corpus files' paths, sizes and
+    modification times: a second plan reads no corpus, and a changed file is hashed afresh."""
+    import os
+
+    import tasks.retrievers.base as base
+    from flows.plan import corpus_hash_for
+    from schemas.spec import parse_spec
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps(p) + "\n" for p in PASSAGES))
+    (tmp_path / "questions.jsonl").write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+    spec = parse_spec(make_spec(tmp_path, ["concatenation"]))
+    store = spec.tracking.store
+    loads = []
+    real_load = base._load_corpus.__wrapped__
+
+    def counting_load(name, paths):
+        loads.append(paths)
+        return real_load(name, paths)
+
+    monkeypatch.setattr(base, "_load_corpus", counting_load)
+    first = corpus_hash_for(spec, store)
+    assert corpus_hash_for(spec, store) == first and len(loads) == 1  # the second from the kept hash
+    assert len(list((Path(store) / "projections" / "corpus-hashes").glob("*.json"))) == 1
+
+    corpus.write_text(corpus.read_text().replace("Paris", "Lutetia"))
+    os.utime(corpus, ns=(corpus.stat().st_atime_ns, corpus.stat().st_mtime_ns + 1_000_000))
+    changed = corpus_hash_for(spec, store)
+    assert len(loads) == 2 and changed != first
+    assert corpus_hash_for(spec) == changed and len(loads) == 3  # without a store: hashed each time
