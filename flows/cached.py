@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from flows.plan import ExperimentPlan, plan, questions_segment_for
-from ragledger.datasets import load_questions, sample_questions
 from ragledger.paths import StoreLayout
 from schemas.spec import AnySpec, ExperimentSpec, parse_spec
 from tracking.events import event_id
@@ -72,7 +71,7 @@ def cached_result(spec: dict[str, Any] | AnySpec, store: str | Path | None = Non
     if not isinstance(spec, ExperimentSpec) or spec.dataset.closed_book_filter:  # a sweep, or the filter
         return None
     store_root = str(store or spec.tracking.store)
-    questions = sample_questions(load_questions(spec.dataset.name, spec.dataset.path), spec.dataset.limit, spec.dataset.seed)
+    questions = spec.dataset.sampled_questions()
     if not Path(questions_segment_for(spec, questions, store_root)).exists():
         return None  # a first run: decided before the plan reads the corpus for its hash
     the_plan = plan(spec, questions, store_root=store_root)

@@ -28,7 +28,7 @@ from flows.pipeline import Pipeline
 from flows.plan import FLOW_VERSION, PIPELINE_STAGES, ExperimentPlan, plan, question_rows
 from ragledger import progress
 from ragledger.cell import Cell
-from ragledger.datasets import Question, load_questions, sample_questions
+from ragledger.datasets import Question
 from ragledger.paths import StoreLayout
 from schemas.spec import ExperimentSpec
 from tasks.closed_book_filter import answered_closed_book, closed_book_filter_task
@@ -306,7 +306,7 @@ def prepare_run(spec: ExperimentSpec, spec_dict: dict, store_root: str) -> tuple
     store = EventStore(store_root)
     store.remove_abandoned_temp_files()
     run_token = uuid.uuid4().hex
-    questions = sample_questions(load_questions(spec.dataset.name, spec.dataset.path), spec.dataset.limit, spec.dataset.seed)
+    questions = spec.dataset.sampled_questions()
     q_segment = str(store.write("questions", new_events("questions", spec.name, question_rows(spec, questions))))
     needs_corpus = any(parse_retriever(r).needs_corpus for r in spec.retrievers)
     the_plan = plan(spec, questions, store_root=store_root, questions_segment=q_segment,

@@ -37,12 +37,10 @@ def warm_up(spec: AnySpec, store_root: str, runner: str | None) -> None:
 
 def _prefetch_first_shards(spec: ExperimentSpec, store_root: str) -> None:
     from flows.plan import plan, question_rows
-    from ragledger.datasets import load_questions, sample_questions
     from tasks.context import retriever_for
     from tasks.retrieve import prefetch, queries_of
 
-    questions = sample_questions(load_questions(spec.dataset.name, spec.dataset.path), spec.dataset.limit,
-                                 spec.dataset.seed)
+    questions = spec.dataset.sampled_questions()
     the_plan = plan(spec, questions, store_root=store_root)
     # Prefect's persisted task results, one file per cache key (ragledger/prefect_env.py sets the folder); asking
     # Prefect itself would start its own ephemeral server, the API not being up yet

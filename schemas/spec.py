@@ -33,6 +33,12 @@ class DatasetSpec(_Strict):
         """What selects the sampled questions (the filter acts after sampling, so it is not part of it)."""
         return self.model_dump(exclude={"closed_book_filter"})
 
+    def sampled_questions(self) -> list:
+        """The questions a run uses: the dataset loaded, then its seeded sample of `limit` (ragledger/datasets.py)."""
+        from ragledger.datasets import load_questions, sample_questions
+
+        return sample_questions(load_questions(self.name, self.path), self.limit, self.seed)
+
 
 LABEL_PATTERN = r"^[A-Za-z0-9_.\-]+$"
 

@@ -11,14 +11,13 @@ from __future__ import annotations
 import time
 
 from ragledger.answers import has_answer, normalized_passages
-from ragledger.datasets import load_questions, sample_questions
 from schemas.spec import ExperimentSpec
 from tasks.context import retriever_for
 from tasks.retrievers import Query, parse_retriever
 
 
 def retrieval_recall(spec: ExperimentSpec, store_root: str, log=print, batch: int = 1000) -> list[dict]:
-    questions = sample_questions(load_questions(spec.dataset.name, spec.dataset.path), spec.dataset.limit, spec.dataset.seed)
+    questions = spec.dataset.sampled_questions()
     rows = []
     for name in spec.retrievers:
         if parse_retriever(name).needs_llm:

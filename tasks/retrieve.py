@@ -84,7 +84,7 @@ def run_retrieve(run: RunContext, stage: RetrieveStage, base_url: str = "") -> S
     client = llm_client_for(spec, base_url, run.store_root) if retriever.needs_llm else None
     results = _take_prefetched(stage)
     if results is None:
-        queries = queries_of(r._asdict() for r in run.questions(store, stage.qids).itertuples())
+        queries = queries_of(run.questions(store, stage.qids).to_dict("records"))
         results = retriever.retrieve(queries, retrieval_llm(spec, client) if client else None)
     rows = retrieval_rows(spec.name, retriever, stage.key, results)
     crashpoint("retrieve.done")
