@@ -41,6 +41,9 @@ def llama_server_available() -> bool:
     return True
 
 
+PROMPT_BATCH = 64
+
+
 @contextlib.contextmanager
 def embedded_server(
     model_name: str, context_window: int = 4096, log_dir: Path | None = None, log=print, logits_all: bool = False
@@ -58,7 +61,7 @@ def embedded_server(
     model_path = ensure_model(model_name, log=log)
     port = _free_port()
     cmd = [
-        sys.executable, "-m", "llama_cpp.server",
+        sys.executable, "-m", "ragledger.llama_server",  # llama-cpp-python's server, prefix reuse batch-aligned
         "--model", str(model_path),
         "--model_alias", model_name,
         "--host", "127.0.0.1",
@@ -67,6 +70,10 @@ def embedded_server(
         "--n_threads", str(os.cpu_count() or 2),
         "--logits_all", "true" if logits_all else "false",  # without it llama.cpp refuses logprobs (HTTP 500)
         "--flash_attn", "true",
+        # the batch a prompt is evaluated in, which is also what a reused prefix is rounded down to
+        # (ragledger/llama_server.py): 64 keeps most of the reuse and costs 6-17% of prompt-evaluation speed
+        # against llama.cpp's default 512
+        "--n_batch", str(PROMPT_BATCH), "--n_ubatch", str(PROMPT_BATCH),
     ]  # fmt: skip
     log_dir = log_dir or Path(".ragledger/logs")
     log_dir.mkdir(parents=True, exist_ok=True)

@@ -172,15 +172,15 @@ def test_a_killed_run_leaves_no_embedded_server_behind(tmp_path):
     try:
         deadline, servers = time.monotonic() + 300, []
         while not servers and time.monotonic() < deadline and run.poll() is None:
-            servers = [p for p in _children(run.pid) if "llama_cpp.server" in _cmdline(p)]
+            servers = [p for p in _children(run.pid) if "ragledger.llama_server" in _cmdline(p)]
             time.sleep(0.5)
         assert servers, (tmp_path / "out.log").read_text()[-2000:]
         os.kill(run.pid, signal.SIGKILL)
         run.wait()
         deadline = time.monotonic() + 30
-        while any(pid_alive(p) and "llama_cpp.server" in _cmdline(p) for p in servers) and time.monotonic() < deadline:
+        while any(pid_alive(p) and "ragledger.llama_server" in _cmdline(p) for p in servers) and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert not any(pid_alive(p) and "llama_cpp.server" in _cmdline(p) for p in servers)
+        assert not any(pid_alive(p) and "ragledger.llama_server" in _cmdline(p) for p in servers)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(run.pid, signal.SIGKILL)
@@ -200,7 +200,7 @@ def test_a_server_that_dies_under_the_run_is_named_with_its_cause(tmp_path):
     try:
         deadline, server = time.monotonic() + 300, None
         while server is None and time.monotonic() < deadline and run.poll() is None:
-            servers = [p for p in _children(run.pid) if "llama_cpp.server" in _cmdline(p)]
+            servers = [p for p in _children(run.pid) if "ragledger.llama_server" in _cmdline(p)]
             logs = list((tmp_path / ".ragledger" / "logs").glob("embedded-server-*.log"))
             # the start-up completion has been answered: the server is up and the run relies on it
             if servers and logs and "POST /v1/chat/completions" in logs[0].read_text(errors="replace"):
