@@ -13,12 +13,9 @@ outcomes differ between the runs.
 
     .venv/bin/python -m pytest tests/benchmarks/test_prefix_order.py --benchmark-only -p no:cacheprovider -s
 
-2 cores shared with other work: 49 calls each; prompt tokens evaluated 31,127 in arrival order, 21,087
-prefix-ordered (-32.3 %) of 45,387 / 45,396 sent; characters not shared with the previous prompt 142,045 and
-96,523, the sorted bound 96,048. Wall time 581 s and 621 s: the load, not the order (llama.cpp generated nearly the
-same text in 60 s and 142 s). 43 of the 48 calls both runs made returned the same text; 3 of the 12 sampled calls
-and 2 greedy ones did not, so 3 of the 28 outcomes differ: llama.cpp's logits for a prompt depend on which of its
-prefixes came from the KV cache (docs/performance.md, The embedded model).
+2 cores, nothing else running: 49 calls each; prompt tokens evaluated 31,947 in arrival order, 22,283
+prefix-ordered (-30.3 %) of 45,387 sent; wall time 404.5 s and 284.0 s (-29.8 %); outcomes and generated texts
+identical (the embedded server reuses a cached prefix only in whole batches, ragledger/llama_server.py).
 RAGLEDGER_BENCH_PREFIX_QUESTIONS, RAGLEDGER_BENCH_PREFIX_SHARD and RAGLEDGER_BENCH_PREFIX_MODEL change the size.
 """
 
