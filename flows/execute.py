@@ -23,22 +23,20 @@ from prefect import flow, task
 from prefect.results import get_result_store
 from prefect.runtime import flow_run
 
+from flows import warmup
 from flows.endpoint import ModelEndpoint, model_endpoint
 from flows.pipeline import Pipeline
 from flows.plan import FLOW_VERSION, PIPELINE_STAGES, ExperimentPlan, plan, question_rows
+from flows.tasks import closed_book_filter_task, evaluate_task, generate_round_task, retrieve_task, vote_task
 from ragledger import progress
 from ragledger.cell import Cell
 from ragledger.datasets import Question
 from ragledger.paths import StoreLayout
 from schemas.spec import ExperimentSpec
-from tasks.closed_book_filter import answered_closed_book, closed_book_filter_task
+from tasks.closed_book_filter import answered_closed_book
 from tasks.context import corpus_for, retriever_for
-from tasks.evaluate import evaluate_task
-from tasks.generate import generate_round_task
-from tasks.retrieve import retrieve_task
 from tasks.retrievers import parse_retriever
 from tasks.stages import RetrieveStage, RunContext, Stage, StageResult
-from tasks.vote import vote_task
 from tracking.diskfull import as_store_full, reported_as_store_full
 from tracking.events import EventStore, new_events, stable_hash, temp_path
 from tracking.metrics import METRICS_VERSION, cached_cell_metrics, cell_metrics
@@ -115,9 +113,11 @@ class Accounting:
 class StageClock:
     """Wall time per stage of the flow, each from the end of the one before."""
 
-    def __init__(self) -> None:
-        self.started = self._last = time.perf_counter()
-        self.seconds: dict[str, float] = {}
+    def __init__(self, started: float | None = None) -> None:
+        """`started`: when the run's work began, if before the flow (flows/warmup.py): reported as "start-up"."""
+        self._last = time.perf_counter()
+        self.started = started or self._last
+        self.seconds: dict[str, float] = {"start-up": round(self._last - started, 2)} if started else {}
 
     def lap(self, name: str) -> None:
         now = time.perf_counter()
@@ -180,6 +180,7 @@ class PlanExecution:
         self.generate_url = use.url_for(*(g for rounds in the_plan.generates.values() for g in rounds))
 
     def run_all(self) -> None:
+        warmup.stop()  # the schedule is the flow's from here: the warm-up claims no further shard
         for stage, total in self.plan.stage_totals().items():
             progress.set_total(stage, total)
         for stage in self.plan.first_retrievals():
@@ -388,7 +389,7 @@ def compute_cell_metrics(store: EventStore, segs: dict[str, list[str]], question
 
 @flow(name="ragledger-experiment", version=FLOW_VERSION)
 def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None = None, base_url: str | None = None) -> dict:
-    clock = StageClock()
+    clock = StageClock(started=warmup.take_started_at())
     spec = ExperimentSpec.model_validate(spec_dict)
     the_plan, run, questions = prepare_run(spec, spec_dict, store_root)
     tracking_uri = tracking_uri or resolve_tracking_uri(spec.tracking.mlflow_uri)

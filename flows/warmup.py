@@ -1,53 +1,156 @@
-"""A first run's start-up work, done while Prefect's temporary server starts.
+"""A first run's start-up work, begun before Prefect is up, so the first model calls leave within seconds.
 
-`ragledger run` waits seconds for the Prefect API (ragledger/prefect_server.py `prefect_api` runs this meanwhile,
-in the command's own process). The flow would then load the dataset and the corpus, start the JVM, open each
-retriever's index and retrieve its first shard before the first model call could leave. Done here instead, the
-flow finds all of it ready: the corpus and retrievers are memoised per process (tasks/context.py) and the first
-shards' hits are handed to their retrieve tasks (tasks/retrieve.py `prefetch`).
+`ragledger run` needs Prefect's temporary API server (seconds to start) and Prefect's imports before its flow can
+run a task. Meanwhile a warm-up thread does what the flow's first tasks would: it loads the dataset and the corpus,
+starts the JVM, retrieves shard after shard, and, for an endpoint that is already up (OpenAI, a vLLM server,
+`--base-url`), sends each shard's round-1 calls. The flow finds it done: a retrieve task takes its shard's hits
+(tasks/retrieve.py `take_prefetched`), and a generate task's calls take over the answers of the same calls sent early
+(ragledger/llm.py `LLMClient.send_early`), counted as that task's own calls. Nothing here imports Prefect.
 
-Only what the flow will do is done: nothing for a retrieve stage whose result Prefect already holds (a cached rerun
-starts no JVM), nothing for a retriever that calls the model (its endpoint is not up yet) or a spec with the
-closed-book filter (its shards are known only after the filter's model calls), and nothing with the Dask runner
-(its workers are other processes). Any failure is left for the flow to meet and report.
+The warm-up retrieves in the flow's order (shard by shard, each retriever's in turn) and stops when the flow starts
+executing its plan (`stop`), after the shard it is on; the flow retrieves the rest. With the embedded model (its
+server starts inside the flow) it sends no call and prepares the first shard only. Only what the flow will do is
+done: nothing for a stage whose result Prefect already holds (a cached rerun starts no JVM), nothing for a retriever
+that calls the model or a spec with the closed-book filter (its shards are known only after the filter's model
+calls), and nothing with the Dask runner (its workers are other processes). Any failure is left for the flow to meet
+and report.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
+import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from schemas.spec import AnySpec, ExperimentSpec
 
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from flows.plan import ExperimentPlan
+    from ragledger.llm import LLMClient
+    from tasks.retrievers import Hit
+    from tasks.stages import RetrieveStage
+
 log = logging.getLogger(__name__)
 
+_started_at: float | None = None  # time.perf_counter() when this process's warm-up began
+# set once the first shard's calls are sent (or the warm-up ended without): until then the command's main thread
+# leaves the GIL to the warm-up instead of importing Prefect beside it (both are Python: each would run at half speed)
+first_calls_sent = threading.Event()
+FIRST_QUESTIONS = 16  # of the first shard, retrieved and sent before the rest of it
 
-def warm_up(spec: AnySpec, store_root: str, runner: str | None) -> None:
-    """Prepare the first retrievals of a thread-runner experiment; never raises (the flow reports failures)."""
+
+def take_started_at() -> float | None:
+    """When the warm-up of this run began (once; None without one): the run's work started then, not with the flow."""
+    global _started_at
+    started, _started_at = _started_at, None
+    return started
+
+
+def stop() -> None:
+    """The flow executes its plan: the warm-up claims no further shard and ends after the one it is on."""
+    from tasks.retrieve import close_prefetch
+
+    close_prefetch()
+
+
+def warm_up(spec: AnySpec, store_root: str, runner: str | None, base_url: str | None = None) -> threading.Thread | None:
+    """Start the warm-up of a thread-runner experiment in a background thread; returns at once (the thread, or None
+    when there is nothing to warm up)."""
+    global _started_at
     if not isinstance(spec, ExperimentSpec) or spec.dataset.closed_book_filter:
-        return
+        return None
     if (runner or spec.execution.runner) != "thread" or spec.execution.scheduler_address:
-        return
+        return None
+    from tasks.retrieve import open_prefetch
+
+    _started_at = time.perf_counter()
+    first_calls_sent.clear()
+    open_prefetch()
+    thread = threading.Thread(target=_warm_up, args=(spec, store_root, base_url), name="ragledger-warm-up", daemon=True)
+    thread.start()
+    return thread
+
+
+def _warm_up(spec: ExperimentSpec, store_root: str, base_url: str | None) -> None:
     try:
-        _prefetch_first_shards(spec, store_root)
+        _prepare_shards(spec, store_root, _early_url(spec, base_url))
     except Exception as exc:  # the flow does the same work and reports what fails, with its context
-        log.debug("warm-up skipped: %s", exc)
+        log.debug("warm-up stopped: %s", exc)
+    finally:
+        first_calls_sent.set()
 
 
-def _prefetch_first_shards(spec: ExperimentSpec, store_root: str) -> None:
+def _early_url(spec: ExperimentSpec, base_url: str | None) -> str | None:
+    """The endpoint the flow's generate tasks will call, when it is up already (not the embedded server)."""
+    if base_url is not None:
+        return base_url
+    return spec.model.base_url if spec.model.backend != "embedded" and spec.model.base_url else None
+
+
+def _prepare_shards(spec: ExperimentSpec, store_root: str, url: str | None) -> None:
+    import pandas as pd
+
     from flows.plan import plan, question_rows
-    from tasks.context import retriever_for
-    from tasks.retrieve import prefetch, queries_of
+    from tasks.context import llm_client_for
+    from tasks.retrieve import claim_prefetch
 
-    questions = spec.dataset.sampled_questions()
-    the_plan = plan(spec, questions, store_root=store_root)
+    client = llm_client_for(spec, url, store_root) if url else None
+    if client is not None:
+        client.start_call_processes()
+    sampled = spec.dataset.sampled_questions()
+    questions = pd.DataFrame(question_rows(spec, sampled))
+    the_plan = plan(spec, sampled, store_root=store_root)
     # Prefect's persisted task results, one file per cache key (ragledger/prefect_env.py sets the folder); asking
-    # Prefect itself would start its own ephemeral server, the API not being up yet
+    # Prefect itself would import it and start its own ephemeral server, the API not being up yet
     results = Path(os.environ["PREFECT_LOCAL_STORAGE_PATH"])
-    rows = {r["qid"]: r for r in question_rows(spec, questions)}
-    for stage in the_plan.first_retrievals():
-        if stage.calls_model or (results / stage.key).exists():
-            continue
-        retriever = retriever_for(spec, stage.retriever, store_root)
-        prefetch(stage, retriever.retrieve(queries_of(rows[q] for q in stage.qids)))
+    for shard in the_plan.shards if client is not None else the_plan.shards[:1]:
+        for name in spec.retrievers:
+            stage = the_plan.retrieves[(name, shard.id)]
+            if stage.calls_model or (results / stage.key).exists():
+                continue
+            prefetched = claim_prefetch(stage)
+            if prefetched is None:  # the flow has started: it retrieves the rest itself
+                return
+            # the very first calls wait only for a few questions' retrieval, not the whole shard's
+            first = FIRST_QUESTIONS if shard is the_plan.shards[0] else len(stage.qids)
+            hits: dict = {}
+            try:
+                for part in (stage.qids[:first], stage.qids[first:]):
+                    if part:
+                        part_hits = _retrieve_and_send(spec, the_plan, stage, questions, part, client, results)
+                        hits.update(part_hits)
+            except BaseException as exc:  # the retrieve task waiting on it retrieves itself
+                prefetched.set_exception(exc)
+                raise
+            prefetched.set_result(hits)
+            first_calls_sent.set()
+
+
+def _retrieve_and_send(spec: ExperimentSpec, the_plan: ExperimentPlan, stage: RetrieveStage, questions: pd.DataFrame,
+                       qids: list[str], client: LLMClient | None, results: Path) -> dict[str, list[Hit]]:
+    """Retrieve `qids` of a retrieve stage and send their round-1 calls of every cell on that retriever."""
+    import pandas as pd
+
+    from schemas.records import columns_of
+    from tasks.context import retriever_for
+    from tasks.generate import plan_round
+    from tasks.retrieve import queries_of, retrieval_rows
+
+    part = questions[questions["qid"].isin(qids)]
+    retriever = retriever_for(spec, stage.retriever, the_plan.store_root)
+    hits = retriever.retrieve(queries_of(part.to_dict("records")))
+    if client is None:
+        return hits
+    retrievals = pd.DataFrame(retrieval_rows(spec.name, retriever, stage.key, hits), columns=columns_of("retrievals"))
+    shard = next(s for s in the_plan.shards if s.qids == stage.qids)
+    for cell in the_plan.cells_of(stage.retriever):
+        first_round = the_plan.generates[(cell, shard.id)][0]
+        if not (results / first_round.key).exists():
+            calls = plan_round(spec, first_round, the_plan.store_root, part, retrievals, {})
+            client.send_early([req for *_, req in calls.calls], calls.rounds_after)
+    return hits

@@ -100,16 +100,17 @@ def _fmt(v: object) -> str:
     return str(v)
 
 
-def _while_prefect_starts(spec: AnySpec, store_root: str, runner: str | None) -> None:
-    """The flow modules' imports (Prefect, pandas, pandera: seconds on a cold start) and a first run's start-up work
-    (flows/warmup.py: dataset, corpus, JVM, the first shards' retrieval), done while Prefect's temporary server starts
-    in its own process (ragledger/prefect_server.py `prefect_api`). Nothing heavier is imported before the first
-    model call: torch, transformers and sentence-transformers never, MLflow inside the functions that use it
-    (tests/test_cold_start_imports.py)."""
-    import flows.sweep  # noqa: F401
-    from flows.warmup import warm_up
+def _while_prefect_starts(spec: AnySpec, store_root: str, runner: str | None, base_url: str | None) -> None:
+    """A first run's start-up work (flows/warmup.py: dataset, corpus, JVM, shards retrieved and, for an endpoint
+    already up, their first calls sent) begun in a thread, then the flow modules' imports (Prefect, pandas, pandera:
+    seconds on a cold start), while Prefect's temporary server starts in its own process (ragledger/prefect_server.py
+    `prefect_api`). Nothing heavier is imported before the first model call: torch, transformers and
+    sentence-transformers never, MLflow inside the functions that use it (tests/test_cold_start_imports.py)."""
+    from flows.warmup import first_calls_sent, warm_up
 
-    warm_up(spec, store_root, runner)
+    if warm_up(spec, store_root, runner, base_url) is not None:
+        first_calls_sent.wait(timeout=60)
+    import flows.sweep  # noqa: F401
 
 
 @app.command()
@@ -170,7 +171,7 @@ def run(
                   f"retriever(s) × {len(spec.readers)} reader(s) on {datasets}, model {spec.model.display_name}")
     with _stage_progress():
         try:
-            with prefect_api(meanwhile=partial(_while_prefect_starts, spec, store_root, runner)):
+            with prefect_api(meanwhile=partial(_while_prefect_starts, spec, store_root, runner, base_url)):
                 from flows.sweep import run_spec
 
                 summary = run_spec(spec.model_dump(), store_root, base_url=base_url, runner=runner, workers=workers,

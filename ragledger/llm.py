@@ -109,8 +109,9 @@ class LLMClient:
         future: asyncio.Future[LLMResponse] = loop.create_future()
         _INFLIGHT[slot] = future
         try:
-            cache_path = str(self.cache.path) if self.cache is not None else None
-            response = await _call_processes(loop).call(self.endpoint, req, key, cache_path, rounds_after)
+            # a call sent before its task ran (send_early) is taken over as this one's own call
+            early = _EARLY.pop(slot, None)
+            response = await (early if early is not None else self._call(loop, req, key, rounds_after))
         except asyncio.CancelledError:
             future.cancel()
             raise
@@ -131,12 +132,46 @@ class LLMClient:
         self.counters.tokens_out += response.tokens_out
         return response
 
+    def _call(self, loop: asyncio.AbstractEventLoop, req: LLMRequest, key: str,
+              rounds_after: int) -> Coroutine[Any, Any, LLMResponse]:
+        cache_path = str(self.cache.path) if self.cache is not None else None
+        return _call_processes(loop).call(self.endpoint, req, key, cache_path, rounds_after)
+
+    def start_call_processes(self) -> None:
+        """Start this endpoint's model-call processes now (their imports take a second), not on the first call;
+        returns at once."""
+
+        async def start() -> None:
+            processes = _call_processes(asyncio.get_running_loop())
+            n = call_processes_for(self.endpoint.concurrency)
+            while len(processes.processes) < n:
+                processes.processes.append(_CallProcess())
+            await asyncio.gather(*(p.ensure_started() for p in processes.processes[:n]))
+
+        asyncio.run_coroutine_threadsafe(start(), _engine())
+
+    def send_early(self, requests: list[LLMRequest], rounds_after: int = 0) -> None:
+        """Send these calls now, before the task that makes them runs (flows/warmup.py: while Prefect's server
+        starts). The first `complete` of the same request in this process takes the answer over and counts it as
+        its own call; an answer nobody takes still lands in the call cache."""
+        asyncio.run_coroutine_threadsafe(self._send_early(requests, rounds_after), _engine()).result()
+
+    async def _send_early(self, requests: list[LLMRequest], rounds_after: int) -> None:
+        loop = asyncio.get_running_loop()
+        for req in requests:
+            slot = (id(loop), self.cache_key(req))
+            if slot not in _EARLY and slot not in _INFLIGHT:
+                task = loop.create_task(self._call(loop, req, slot[1], rounds_after))
+                task.add_done_callback(_consume_exception)  # the task that takes it over re-raises it
+                _EARLY[slot] = task
+
 
 # ---- the engine: one event loop per process that forwards every model call ------------------------
 # Stage tasks run in worker threads; routing all their calls through one loop and one model-call process lets
 # them share one connection pool and one concurrency bound per endpoint (the embedded server answers one request
 # at a time; a vLLM server wants a steady, bounded stream).
 _INFLIGHT: dict[tuple[int, str], asyncio.Future] = {}  # (event loop, call cache key) -> its pending response
+_EARLY: dict[tuple[int, str], asyncio.Task] = {}  # calls sent before their task ran, until one takes them over
 _PROCESSES: dict[int, _CallProcesses] = {}  # event loop -> its model-call processes
 _engine_loop: asyncio.AbstractEventLoop | None = None
 _engine_lock = threading.Lock()
@@ -155,7 +190,7 @@ class _CallProcess:
         self._reader: asyncio.Future | None = None
         self.outstanding = 0  # calls sent (or about to be) and not yet answered: how busy this process is
 
-    async def _ensure(self) -> asyncio.subprocess.Process:
+    async def ensure_started(self) -> asyncio.subprocess.Process:
         if self._starting is None:
             self._starting = asyncio.Lock()
         async with self._starting:
@@ -198,7 +233,7 @@ class _CallProcess:
         """Send one call; UNREACHABLE_FOR_S is read now, so a change to it applies to the next call."""
         self.outstanding += 1  # before the first await: the next call's choice of process already sees it
         try:
-            proc = await self._ensure()
+            proc = await self.ensure_started()
             assert proc.stdin is not None
             self._next_id += 1
             call_id = self._next_id
@@ -246,6 +281,11 @@ class _CallProcesses:
 
     async def close_clients(self, base_url: str | None) -> None:
         await asyncio.gather(*(p.close_clients(base_url) for p in self.processes))
+
+
+def _consume_exception(task: asyncio.Task) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def _call_processes(loop: asyncio.AbstractEventLoop) -> _CallProcesses:

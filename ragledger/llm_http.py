@@ -402,6 +402,12 @@ def main() -> None:
     # stderr, so it can never corrupt a frame
     out = os.fdopen(os.dup(sys.stdout.fileno()), "wb", buffering=0)
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    # what the first call needs, imported before it comes (a second on a busy machine): the process is started ahead
+    # of the first calls (ragledger/llm.py `start_call_processes`)
+    import aiohttp  # noqa: F401
+    import openai.types.chat  # noqa: F401
+
+    import tracking.llm_cache  # noqa: F401
 
     async def run() -> None:
         loop = asyncio.get_running_loop()

@@ -15,7 +15,7 @@ import pandas as pd
 
 from ragledger.answers import em_score
 from ragledger.llm import LLMResponse, run_on_engine
-from tasks.context import llm_client_for, stage_task
+from tasks.context import llm_client_for
 from tasks.generate import generation_rows, history_by_question, to_request
 from tasks.readers.base import Call, ReaderInput, ReaderSettings
 from tasks.readers.concatenation import Concatenation
@@ -56,6 +56,3 @@ def run_closed_book_filter(run: RunContext, stage: FilterStage, base_url: str) -
     rows = generation_rows(spec, Concatenation(), FILTER_RETRIEVER, 1, stage.key, planned, responses, client, FILTER_READER)
     segment = store.write("generations", new_events("generations", spec.name, rows)) if rows else None
     return stage.result(run, segment, len(rows), client.counters.as_stage_counters())
-
-
-closed_book_filter_task = stage_task(FilterStage, run_closed_book_filter)

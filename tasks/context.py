@@ -12,15 +12,13 @@ import os
 import threading
 from pathlib import Path
 
-from prefect import task
-
 from ragledger.llm import LLMClient, api_key_from_env
 from ragledger.llm_http import Endpoint
 from ragledger.paths import StoreLayout
 from schemas.spec import ExperimentSpec
 from tasks.retrievers import Corpus, Retriever, parse_retriever
-from tasks.stages import Stage, backend_identity
 from tasks.stages import StageResult as StageResult  # results Prefect persisted name it tasks.context.StageResult
+from tasks.stages import backend_identity
 from tracking.llm_cache import LLMCallCache
 
 
@@ -85,9 +83,3 @@ def _llm_cache(path: str) -> LLMCallCache:
     each open the file, lru_cache not being atomic."""
     with _cache_lock:
         return _cached_llm_cache(path)
-
-
-def stage_task(stage: type[Stage], fn):
-    """The Prefect task of a stage: the pure stage function itself, its result persisted and cached under the stage's
-    own key (`Stage.key`: a hash of small inputs chained from upstream), never of live objects."""
-    return task(name=stage.task_name, cache_key_fn=lambda ctx, params: params["stage"].key, persist_result=True)(fn)

@@ -28,7 +28,6 @@ from ragledger.answers import (
     normalized_context,
     normalized_passages,
 )
-from tasks.context import stage_task
 from tasks.readers import get_reader
 from tasks.retrieve import passages_by_question
 from tasks.stages import EVALUATE_VERSION as EVALUATE_VERSION
@@ -150,6 +149,3 @@ def run_evaluate(run: RunContext, stage: EvaluateStage, retrieval_segments: list
     )  # fmt: skip
     segment = store.write("outcomes", new_events("outcomes", spec.name, rows)) if rows else None
     return stage.result(run, segment, len(rows))
-
-
-evaluate_task = stage_task(EvaluateStage, run_evaluate)

@@ -7,7 +7,7 @@ stores each call as a GenerationRecord with its prompt, raw output and parsed an
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, NamedTuple
 
 import pandas as pd
 
@@ -16,9 +16,9 @@ from ragledger.cell import Cell
 from ragledger.crash import crashpoint
 from ragledger.llm import ContextOverflow, LLMClient, LLMRequest, LLMResponse, run_on_engine
 from schemas.spec import ExperimentSpec
-from tasks.context import llm_client_for, retriever_for, stage_task
+from tasks.context import llm_client_for, retriever_for
 from tasks.readers import get_reader, settings_for
-from tasks.readers.base import Call, Generation, Passage, Reader, ReaderInput, answer_token_prob, parse_output
+from tasks.readers.base import Call, Generation, Passage, Reader, ReaderInput, ReaderSettings, answer_token_prob, parse_output
 from tasks.retrieve import passages_by_question
 from tasks.stages import GenerateStage, RunContext, StageResult
 from tracking.events import event_id, new_events, stable_hash
@@ -154,24 +154,34 @@ def generation_rows(
     return rows
 
 
+class RoundPlan(NamedTuple):
+    reader: Reader
+    settings: ReaderSettings
+    calls: list[tuple[str, int, Call, LLMRequest]]  # (qid, call index, the reader's call, its request)
+    rounds_after: int  # the strategy's rounds after this one: the call gate lets a call more rounds wait on go first
+
+
+def plan_round(spec: ExperimentSpec, stage: GenerateStage, store_root: str, questions: pd.DataFrame,
+               retrievals: pd.DataFrame, history: dict[str, list[Generation]]) -> RoundPlan:
+    """The calls of one round over a shard, as the reader plans them (pure but for REFEED's feedback retrieval)."""
+    entry = spec.reader_entry(stage.reader)
+    reader = get_reader(entry.name)
+    settings = settings_for(entry, feedback_retrieval(spec, stage.retriever, store_root))
+    calls = [(item.qid, i, call, to_request(call, spec))
+             for item in reader_inputs(questions, retrievals[retrievals["qid"].isin(stage.qids)])
+             for i, call in enumerate(reader.plan(stage.round_no, item, history.get(item.qid, []), settings))]
+    return RoundPlan(reader, settings, calls, max(0, reader.rounds - stage.round_no))
+
+
 def run_generate_round(run: RunContext, stage: GenerateStage, base_url: str, retrieval_segments: list[str | None],
                        previous_segments: list[str | None], logprobs_base_url: str | None = None) -> StageResult:
     spec, store = run.spec(), run.store()
-    entry = spec.reader_entry(stage.reader)
-    reader = get_reader(entry.name)
-    questions = run.questions(store, stage.qids)
-    retrievals = store.read("retrievals", paths=[p for p in retrieval_segments if p])
-    retrievals = retrievals[retrievals["qid"].isin(stage.qids)]
     history = history_by_question(store.read("generations", paths=[p for p in previous_segments if p]))
-    settings = settings_for(entry, feedback_retrieval(spec, stage.retriever, run.store_root))
-    planned: list[tuple[str, int, Call, LLMRequest]] = []
-    for item in reader_inputs(questions, retrievals):
-        for i, call in enumerate(reader.plan(stage.round_no, item, history.get(item.qid, []), settings)):
-            planned.append((item.qid, i, call, to_request(call, spec)))
+    round_plan = plan_round(spec, stage, run.store_root, run.questions(store, stage.qids),
+                            store.read("retrievals", paths=[p for p in retrieval_segments if p]), history)
+    reader, settings, planned, _ = round_plan
     client = llm_client_for(spec, base_url, run.store_root, logprobs_base_url)
-    # the rounds of the strategy after this one: the call gate lets a call that more rounds wait on go first
-    rounds_after = max(0, reader.rounds - stage.round_no)
-    responses = run_on_engine(complete_all(client, planned, stage, rounds_after)) if planned else []
+    responses = run_on_engine(complete_all(client, planned, stage, round_plan.rounds_after)) if planned else []
     rows = generation_rows(spec, reader, stage.retriever, stage.round_no, stage.key, planned, responses, client,
                            stage.reader, reader.version_for(settings))
     segment = store.write("generations", new_events("generations", spec.name, rows)) if rows else None
@@ -192,6 +202,3 @@ async def complete_all(client: LLMClient, planned: list[tuple[str, int, Call, LL
         return resp
 
     return await asyncio.gather(*(one(qid, call, req) for qid, _, call, req in planned))
-
-
-generate_round_task = stage_task(GenerateStage, run_generate_round)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import hashlib
 import threading
 from collections.abc import Iterable
@@ -14,7 +15,7 @@ from ragledger import progress
 from ragledger.crash import crashpoint
 from ragledger.llm import LLMClient, LLMRequest, LLMResponse, run_on_engine
 from schemas.spec import ExperimentSpec
-from tasks.context import llm_client_for, retriever_for, stage_task
+from tasks.context import llm_client_for, retriever_for
 from tasks.retrievers import Hit, LLMFn, LLMPrompt, Query, Retriever
 from tasks.stages import RetrieveStage, RunContext, StageResult
 from tracking.events import event_id, new_events
@@ -64,25 +65,53 @@ def queries_of(questions: Iterable[Any]) -> list[Query]:
 
 # Hits retrieved before the flow started (flows/warmup.py, while Prefect's server starts), by retrieve stage key:
 # taken once by that stage's task instead of searching again.
-_prefetched: dict[str, dict[str, list[Hit]]] = {}
-_prefetched_lock = threading.Lock()
+# Shards retrieved before the flow's tasks ran (flows/warmup.py): stage key -> its hits, or a future of them while
+# the warm-up retrieves it. Claims are taken only between open_prefetch and close_prefetch (the flow starting), so a
+# retrieve task either finds its shard claimed and waits for it, or retrieves it alone: never both at once.
+_prefetched: dict[str, concurrent.futures.Future] = {}
+_prefetch_open = False
+_prefetch_lock = threading.Lock()
 
 
-def prefetch(stage: RetrieveStage, hits: dict[str, list[Hit]]) -> None:
-    with _prefetched_lock:
-        _prefetched[stage.key] = hits
+def open_prefetch() -> None:
+    global _prefetch_open
+    with _prefetch_lock:
+        _prefetched.clear()
+        _prefetch_open = True
 
 
-def _take_prefetched(stage: RetrieveStage) -> dict[str, list[Hit]] | None:
-    with _prefetched_lock:
-        return _prefetched.pop(stage.key, None)
+def close_prefetch() -> None:
+    global _prefetch_open
+    with _prefetch_lock:
+        _prefetch_open = False
+
+
+def claim_prefetch(stage: RetrieveStage) -> concurrent.futures.Future | None:
+    """A future for the hits of `stage`, for the warm-up to fill; None once the flow has started."""
+    with _prefetch_lock:
+        if not _prefetch_open or stage.key in _prefetched:
+            return None
+        future = _prefetched[stage.key] = concurrent.futures.Future()
+        return future
+
+
+def take_prefetched(stage: RetrieveStage) -> dict[str, list[Hit]] | None:
+    """The hits the warm-up retrieved for `stage` (waiting for them if it is on it), or None."""
+    with _prefetch_lock:
+        future = _prefetched.pop(stage.key, None)
+    if future is None:
+        return None
+    try:
+        return future.result()
+    except Exception:  # the warm-up failed on it: the task retrieves and meets the error itself
+        return None
 
 
 def run_retrieve(run: RunContext, stage: RetrieveStage, base_url: str = "") -> StageResult:
     spec, store = run.spec(), run.store()
     retriever = retriever_for(spec, stage.retriever, run.store_root)
     client = llm_client_for(spec, base_url, run.store_root) if retriever.needs_llm else None
-    results = _take_prefetched(stage)
+    results = take_prefetched(stage)
     if results is None:
         queries = queries_of(run.questions(store, stage.qids).to_dict("records"))
         results = retriever.retrieve(queries, retrieval_llm(spec, client) if client else None)
@@ -91,9 +120,6 @@ def run_retrieve(run: RunContext, stage: RetrieveStage, base_url: str = "") -> S
     segment = store.write("retrievals", new_events("retrievals", spec.name, rows)) if rows else None
     progress.advance("retrieve questions", len(stage.qids))
     return stage.result(run, segment, len(rows), client.counters.as_stage_counters() if client is not None else {})
-
-
-retrieve_task = stage_task(RetrieveStage, run_retrieve)
 
 
 def passages_by_question(retrievals: pd.DataFrame) -> dict[str, list[tuple[str, str]]]:

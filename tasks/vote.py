@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from tasks.context import stage_task
 from tasks.generate import history_by_question, reader_inputs
 from tasks.readers import get_reader, settings_for
 from tasks.stages import RunContext, StageResult, VoteStage
@@ -36,6 +35,3 @@ def run_vote(run: RunContext, stage: VoteStage, retrieval_segments: list[str | N
         )
     segment = store.write("votes", new_events("votes", spec.name, rows)) if rows else None
     return stage.result(run, segment, len(rows))
-
-
-vote_task = stage_task(VoteStage, run_vote)

@@ -78,22 +78,33 @@ def test_a_cached_rerun_starts_no_jvm_and_no_embedding_model(workspace, prefect_
         assert second["cells"] == first["cells"]
 
 
-def test_the_warm_up_hands_the_first_shards_to_the_flow(workspace, prefect_harness):  # noqa: F811
-    """flows/warmup.py, run by `ragledger run` while Prefect's server starts: it retrieves each retriever's first
-    shard, the flow's retrieve tasks take those hits instead of searching again (same keys), the results are those
-    of a run without it, and a rerun (its retrievals persisted by Prefect) prepares nothing."""
+def test_the_warm_up_hands_its_shards_and_early_calls_to_the_flow(workspace, prefect_harness):  # noqa: F811
+    """flows/warmup.py, started by `ragledger run` before Prefect is up: it retrieves the shards and sends their
+    round-1 calls to the endpoint (up already: the scripted server). The flow's retrieve tasks take those hits
+    instead of searching again, its generate tasks take the early answers over as their own calls, the server sees
+    no call twice, the results are those of a run without it, and a rerun (its stages persisted by Prefect)
+    prepares nothing."""
+    import ragledger.llm
     import tasks.retrieve
-    from flows.warmup import warm_up
+    from flows.warmup import take_started_at, warm_up
     from schemas.spec import parse_spec
 
     with ScriptedServer(answer=answer_from_context) as server:
         spec = make_spec(workspace, server.base_url)
-        warm_up(parse_spec(spec), spec["tracking"]["store"], None)
-        assert len(tasks.retrieve._prefetched) == len(spec["retrievers"])  # bm25@2 and none: one first shard each
+        warm_up(parse_spec(spec), spec["tracking"]["store"], None).join()  # not stopped: it prepares every shard
+        shards = len(tasks.retrieve._prefetched)
+        assert shards == 3 * 2  # 5 questions in shards of 2, for bm25@2 and none
+        early = len(ragledger.llm._EARLY)
+        assert early > 0
         warmed = run_flow(spec)
-        assert tasks.retrieve._prefetched == {}  # each taken by its own task
-        warm_up(parse_spec(spec), spec["tracking"]["store"], None)
-        assert tasks.retrieve._prefetched == {}  # persisted by Prefect: the rerun's tasks will not search
+        assert tasks.retrieve._prefetched == {} and ragledger.llm._EARLY == {}  # each taken by its own task
+        warmed_server_calls = server.calls
+        assert warm_up(parse_spec(spec), spec["tracking"]["store"], None).join() is None
+        assert tasks.retrieve._prefetched == {} and ragledger.llm._EARLY == {}  # all persisted: nothing to prepare
+        take_started_at()  # that warm-up's run is not run here
         cold = run_flow({**spec, "tracking": {**spec["tracking"], "store": str(workspace / "store-without-warm-up")}})
-    assert warmed["llm_calls"] == cold["llm_calls"] > 0
+        # the second store has no call cache: every call again, as many as with the warm-up
+        assert server.calls - warmed_server_calls == warmed_server_calls == warmed["llm_calls"] == cold["llm_calls"]
+    assert early == warmed["llm_calls"]  # every round-1 call (these readers have one round) went early
     assert warmed["cells"] == cold["cells"]
+    assert "start-up" in warmed["stage_seconds"] and "start-up" not in cold["stage_seconds"]

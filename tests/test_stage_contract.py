@@ -30,11 +30,7 @@ STAGES = [
 
 
 def task_of(stage):
-    from tasks.closed_book_filter import closed_book_filter_task
-    from tasks.evaluate import evaluate_task
-    from tasks.generate import generate_round_task
-    from tasks.retrieve import retrieve_task
-    from tasks.vote import vote_task
+    from flows.tasks import closed_book_filter_task, evaluate_task, generate_round_task, retrieve_task, vote_task
 
     return {FilterStage: closed_book_filter_task, RetrieveStage: retrieve_task, GenerateStage: generate_round_task,
             VoteStage: vote_task, EvaluateStage: evaluate_task}[type(stage)]
