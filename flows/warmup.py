@@ -38,8 +38,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _started_at: float | None = None  # time.perf_counter() when this process's warm-up began
-# set once the first shard's calls are sent (or the warm-up ended without): until then the command's main thread
-# leaves the GIL to the warm-up instead of importing Prefect beside it (both are Python: each would run at half speed)
+# set once the first shard's calls are sent (or the warm-up ended without): `ragledger run` starts Prefect's server
+# and imports Prefect only then, so the first calls do not share 2 cores and the GIL with them
 first_calls_sent = threading.Event()
 FIRST_QUESTIONS = 16  # of the first shard, retrieved and sent before the rest of it
 
@@ -83,6 +83,11 @@ def _warm_up(spec: ExperimentSpec, store_root: str, base_url: str | None) -> Non
         log.debug("warm-up stopped: %s", exc)
     finally:
         first_calls_sent.set()
+
+
+def sends_early_calls(spec: AnySpec, base_url: str | None) -> bool:
+    """Whether the warm-up of this run sends calls (its endpoint is up before the flow: not the embedded server)."""
+    return isinstance(spec, ExperimentSpec) and _early_url(spec, base_url) is not None
 
 
 def _early_url(spec: ExperimentSpec, base_url: str | None) -> str | None:

@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn
 
@@ -100,16 +99,21 @@ def _fmt(v: object) -> str:
     return str(v)
 
 
-def _while_prefect_starts(spec: AnySpec, store_root: str, runner: str | None, base_url: str | None) -> None:
-    """A first run's start-up work (flows/warmup.py: dataset, corpus, JVM, shards retrieved and, for an endpoint
-    already up, their first calls sent) begun in a thread, then the flow modules' imports (Prefect, pandas, pandera:
-    seconds on a cold start), while Prefect's temporary server starts in its own process (ragledger/prefect_server.py
-    `prefect_api`). Nothing heavier is imported before the first model call: torch, transformers and
-    sentence-transformers never, MLflow inside the functions that use it (tests/test_cold_start_imports.py)."""
-    from flows.warmup import first_calls_sent, warm_up
+def _start_warm_up(spec: AnySpec, store_root: str, runner: str | None, base_url: str | None) -> None:
+    """A first run's start-up work (flows/warmup.py: dataset, corpus, JVM, shards retrieved and, for an endpoint that
+    is already up, their round-1 calls sent) begun in a thread. When it sends calls, wait for the first ones to leave
+    before Prefect's server starts and Prefect is imported: on 2 cores those take half the CPU and the GIL from them."""
+    from flows.warmup import first_calls_sent, sends_early_calls, warm_up
 
-    if warm_up(spec, store_root, runner, base_url) is not None:
+    if warm_up(spec, store_root, runner, base_url) is not None and sends_early_calls(spec, base_url):
         first_calls_sent.wait(timeout=60)
+
+
+def _import_flow_modules() -> None:
+    """The flow modules' imports (Prefect, pandas, pandera: seconds on a cold start), done while Prefect's temporary
+    server starts in its own process (ragledger/prefect_server.py `prefect_api`). Nothing heavier is imported before
+    the first model call: torch, transformers and sentence-transformers never, MLflow inside the functions that use it
+    (tests/test_cold_start_imports.py)."""
     import flows.sweep  # noqa: F401
 
 
@@ -171,7 +175,8 @@ def run(
                   f"retriever(s) × {len(spec.readers)} reader(s) on {datasets}, model {spec.model.display_name}")
     with _stage_progress():
         try:
-            with prefect_api(meanwhile=partial(_while_prefect_starts, spec, store_root, runner, base_url)):
+            _start_warm_up(spec, store_root, runner, base_url)
+            with prefect_api(meanwhile=_import_flow_modules):
                 from flows.sweep import run_spec
 
                 summary = run_spec(spec.model_dump(), store_root, base_url=base_url, runner=runner, workers=workers,

@@ -71,8 +71,8 @@ def embedded_server(
         "--logits_all", "true" if logits_all else "false",  # without it llama.cpp refuses logprobs (HTTP 500)
         "--flash_attn", "true",
         # the batch a prompt is evaluated in, which is also what a reused prefix is rounded down to
-        # (ragledger/llama_server.py): 64 keeps most of the reuse and costs 6-17% of prompt-evaluation speed
-        # against llama.cpp's default 512
+        # (ragledger/llama_server.py): 64 keeps most of the reuse; prompts evaluate 13-15% slower than in llama.cpp's
+        # default 512 (docs/performance.md, tests/benchmarks/test_prompt_batch.py)
         "--n_batch", str(PROMPT_BATCH), "--n_ubatch", str(PROMPT_BATCH),
     ]  # fmt: skip
     log_dir = log_dir or Path(".ragledger/logs")

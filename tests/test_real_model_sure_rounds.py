@@ -2,7 +2,7 @@
 embedded model.
 
 In a run, the 0.5B embedded model seldom writes two candidates in round 1 (on configs/readers.yaml it wrote one for
-11 of 12 questions: "(2) Ryan Seacrest", "(a) Chlorophyll a"), and with fewer than two SuRe has nothing to choose,
+9 of 12 questions; for the other 3 it wrote only a label, "(1)" or "(2)"), and with fewer than two SuRe has nothing to choose,
 so its later rounds make no call. Here the round-1 output is given, "(a) <gold answer>, (b) <another answer of the
 same article>", as if the model had written it; every later call is the strategy's own plan, sent to the real
 embedded server as the flow sends it (one system and one user message), its output read by the strategy's own
