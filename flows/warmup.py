@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
     from flows.plan import ExperimentPlan
     from ragledger.llm import LLMClient
-    from tasks.retrievers import Hit
+    from tasks.retrievers import Hit, Retriever
     from tasks.stages import RetrieveStage
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ def _prepare_shards(spec: ExperimentSpec, store_root: str, url: str | None) -> N
     import pandas as pd
 
     from flows.plan import plan, question_rows
-    from tasks.context import llm_client_for
+    from tasks.context import llm_client_for, retriever_for
     from tasks.retrieve import claim_prefetch
 
     client = llm_client_for(spec, url, store_root) if url else None
@@ -121,14 +121,15 @@ def _prepare_shards(spec: ExperimentSpec, store_root: str, url: str | None) -> N
             prefetched = claim_prefetch(stage)
             if prefetched is None:  # the flow has started: it retrieves the rest itself
                 return
-            # the very first calls wait only for a few questions' retrieval, not the whole shard's
-            first = FIRST_QUESTIONS if shard is the_plan.shards[0] else len(stage.qids)
             hits: dict = {}
             try:
+                retriever = retriever_for(spec, name, store_root)
+                # the very first calls wait only for a few questions' retrieval, not the whole shard's (where the
+                # hits are the same either way)
+                first = FIRST_QUESTIONS if shard is the_plan.shards[0] and retriever.per_query else len(stage.qids)
                 for part in (stage.qids[:first], stage.qids[first:]):
                     if part:
-                        part_hits = _retrieve_and_send(spec, the_plan, stage, questions, part, client, results)
-                        hits.update(part_hits)
+                        hits.update(_retrieve_and_send(spec, the_plan, stage, retriever, questions, part, client, results))
             except BaseException as exc:  # the retrieve task waiting on it retrieves itself
                 prefetched.set_exception(exc)
                 raise
@@ -136,18 +137,17 @@ def _prepare_shards(spec: ExperimentSpec, store_root: str, url: str | None) -> N
             first_calls_sent.set()
 
 
-def _retrieve_and_send(spec: ExperimentSpec, the_plan: ExperimentPlan, stage: RetrieveStage, questions: pd.DataFrame,
-                       qids: list[str], client: LLMClient | None, results: Path) -> dict[str, list[Hit]]:
+def _retrieve_and_send(spec: ExperimentSpec, the_plan: ExperimentPlan, stage: RetrieveStage, retriever: Retriever,
+                       questions: pd.DataFrame, qids: list[str], client: LLMClient | None,
+                       results: Path) -> dict[str, list[Hit]]:
     """Retrieve `qids` of a retrieve stage and send their round-1 calls of every cell on that retriever."""
     import pandas as pd
 
     from schemas.records import columns_of
-    from tasks.context import retriever_for
     from tasks.generate import plan_round
     from tasks.retrieve import queries_of, retrieval_rows
 
     part = questions[questions["qid"].isin(qids)]
-    retriever = retriever_for(spec, stage.retriever, the_plan.store_root)
     hits = retriever.retrieve(queries_of(part.to_dict("records")))
     if client is None:
         return hits

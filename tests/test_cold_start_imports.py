@@ -78,12 +78,14 @@ def test_a_cached_rerun_starts_no_jvm_and_no_embedding_model(workspace, prefect_
         assert second["cells"] == first["cells"]
 
 
-def test_the_warm_up_hands_its_shards_and_early_calls_to_the_flow(workspace, prefect_harness):  # noqa: F811
+def test_the_warm_up_hands_its_shards_and_early_calls_to_the_flow(workspace, prefect_harness, monkeypatch):  # noqa: F811
     """flows/warmup.py, started by `ragledger run` before Prefect is up: it retrieves the shards and sends their
     round-1 calls to the endpoint (up already: the scripted server). The flow's retrieve tasks take those hits
     instead of searching again, its generate tasks take the early answers over as their own calls, the server sees
     no call twice, the results are those of a run without it, and a rerun (its stages persisted by Prefect)
-    prepares nothing."""
+    prepares nothing. The first shard is retrieved in two parts (its first question, then the rest), as a larger
+    shard's first 16 questions are."""
+    import flows.warmup
     import ragledger.llm
     import tasks.retrieve
     from flows.warmup import take_started_at, warm_up
@@ -91,6 +93,7 @@ def test_the_warm_up_hands_its_shards_and_early_calls_to_the_flow(workspace, pre
 
     with ScriptedServer(answer=answer_from_context) as server:
         spec = make_spec(workspace, server.base_url)
+        monkeypatch.setattr(flows.warmup, "FIRST_QUESTIONS", 1)
         warm_up(parse_spec(spec), spec["tracking"]["store"], None).join()  # not stopped: it prepares every shard
         shards = len(tasks.retrieve._prefetched)
         assert shards == 3 * 2  # 5 questions in shards of 2, for bm25@2 and none

@@ -323,3 +323,16 @@ def test_gold_needs_a_dataset_with_gold_paragraphs():
         parse_spec({"name": "x", "dataset": {"name": "nq-open", "path": "nq.jsonl"}, "retrievers": ["trunc(gold(bm25@5),100)"],
                     "readers": ["concatenation"]})
     parse_spec({"name": "x", "retrievers": ["gold(bm25@5,random)", "bm25@5"], "readers": ["concatenation"]})
+
+
+def test_only_lexical_retrievers_may_be_retrieved_in_parts():
+    """`Retriever.per_query` (flows/warmup.py retrieves a first shard in two parts only where it holds): an encoder's
+    batch padding moves its scores, so dense, rerank and hybrid retrieval are not; wrappers take their inner one's."""
+    from tasks.retrievers import parse_retriever
+
+    per_query = {name: parse_retriever(name).per_query
+                 for name in ("bm25@5", "none", "dense@5", "bm25@rr@5", "hybrid(bm25@5,dense@5)", "hybrid(bm25@5,none)",
+                              "trunc(bm25@5,100)", "gold(bm25@5,random)", "trunc(dense@5,100)")}
+    assert per_query == {"bm25@5": True, "none": True, "dense@5": False, "bm25@rr@5": False,
+                         "hybrid(bm25@5,dense@5)": False, "hybrid(bm25@5,none)": True, "trunc(bm25@5,100)": True,
+                         "gold(bm25@5,random)": True, "trunc(dense@5,100)": False}

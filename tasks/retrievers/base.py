@@ -97,6 +97,9 @@ class Retriever(ABC):
     code_version: str = "1"
     needs_corpus: bool = True  # False: closed book, parametric (no index to build)
     needs_llm: bool = False  # True: retrieve() must be given an LLMFn (compression, parametric)
+    # True: a query's hits do not depend on the other queries of the batch (a lexical index; not an encoder, whose
+    # batch padding moves scores in the last bits), so a shard may be retrieved in parts (flows/warmup.py)
+    per_query: bool = False
 
     def __init__(self, name: str):
         self.name = name

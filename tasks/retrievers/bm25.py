@@ -83,6 +83,7 @@ def bm25_batch_search(index_dir: Path, queries: list[Query], k: int, threads: in
 
 class BM25(Retriever):
     code_version = "bm25-1"
+    per_query = True
 
     def __init__(self, name: str, k: int):
         super().__init__(name)

@@ -7,6 +7,7 @@ from tasks.retrievers.base import Hit, LLMFn, Query, Retriever
 
 class ClosedBook(Retriever):
     code_version = "none-1"
+    per_query = True
     needs_corpus = False
 
     def retrieve(self, queries: list[Query], llm: LLMFn | None = None) -> dict[str, list[Hit]]:

@@ -87,6 +87,7 @@ class GoldInsert(Retriever):
         # the trigger decides only `random`'s lists; first/last place the gold paragraph on every question
         how = f"{position},{trigger}" if position == "random" else position
         self.code_version = f"{GOLD_VERSION}:{how}({inner.code_version})"
+        self.per_query = inner.per_query
         self.needs_corpus = True  # the gold paragraph's text comes from the corpus
         self.needs_llm = inner.needs_llm
         self._corpus: Corpus | None = None

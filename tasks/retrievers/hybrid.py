@@ -24,6 +24,7 @@ class Hybrid(Retriever):
         super().__init__(name)
         self.parts = parts
         self.code_version = "hybrid-1(" + ",".join(p.code_version for p in parts) + ")"
+        self.per_query = all(p.per_query for p in parts)
         self.needs_corpus = any(p.needs_corpus for p in parts)
         self.needs_llm = any(p.needs_llm for p in parts)
 

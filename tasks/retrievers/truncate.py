@@ -30,6 +30,7 @@ class Truncate(Retriever):
         super().__init__(name)
         self.inner, self.words = inner, words
         self.code_version = f"trunc-1({inner.code_version})"
+        self.per_query = inner.per_query
         self.needs_corpus, self.needs_llm = inner.needs_corpus, inner.needs_llm
 
     def prepare(self, corpus: Corpus, index_root: Path, log=print) -> None:
