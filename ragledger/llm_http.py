@@ -356,14 +356,26 @@ class _Caches:
         return self._open[path]
 
 
+CLAIM_POLL_S = 0.1  # how often a call another process is making is looked for in the cache
+
+
 async def cached_call(caches: _Caches, ep: Endpoint, req: LLMRequest, cache_key: str, cache_path: str | None,
                       unreachable_for_s: float, rounds_after: int = 0) -> LLMResponse:
     cache = caches.get(cache_path)
     if cache is not None:
         hit = cache.get(cache_key)
+        # another process making this very call (experiments started together on one store): wait for its answer
+        while hit is None and not cache.claim(cache_key, stale_after_s=ep.timeout_s * (ep.max_retries + 1) + 60):
+            await asyncio.sleep(CLAIM_POLL_S)
+            hit = cache.get(cache_key)
         if hit is not None:
             return LLMResponse(**{**hit, "from_cache": True})
-    response = await call_endpoint(ep, req, unreachable_for_s, rounds_after)
+    try:
+        response = await call_endpoint(ep, req, unreachable_for_s, rounds_after)
+    except BaseException:
+        if cache is not None:
+            cache.release(cache_key)
+        raise
     if cache is not None:
         cache.put(cache_key, {k: v for k, v in asdict(response).items() if k != "from_cache"})
     return response

@@ -7,6 +7,8 @@ WAL mode lets several processes (parallel experiments, Dask workers) read and wr
 from __future__ import annotations
 
 import json
+import os
+import socket
 import sqlite3
 import threading
 import time
@@ -31,6 +33,10 @@ class LLMCallCache:
                 "CREATE TABLE IF NOT EXISTS llm_calls (key TEXT PRIMARY KEY, response TEXT NOT NULL,"
                 " created_at TEXT DEFAULT CURRENT_TIMESTAMP)"
             )
+            # calls being made now, by which process: another process asking the same call waits for its answer
+            # instead of making it again (experiments started together on one store share their calls)
+            self._conn.execute("CREATE TABLE IF NOT EXISTS llm_pending (key TEXT PRIMARY KEY, owner TEXT NOT NULL,"
+                               " started REAL NOT NULL)")
 
     def get(self, key: str) -> dict[str, Any] | None:
         with self._lock:
@@ -38,10 +44,41 @@ class LLMCallCache:
         return json.loads(row[0]) if row else None
 
     def put(self, key: str, response: dict[str, Any]) -> None:
+        """Store a response (an existing key keeps its own) and end this process's claim on the call."""
         with self._lock, reported_as_store_full(self.path):
-            self._conn.execute(
-                "INSERT OR IGNORE INTO llm_calls (key, response) VALUES (?, ?)", (key, json.dumps(response))
-            )
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                self._conn.execute("INSERT OR IGNORE INTO llm_calls (key, response) VALUES (?, ?)", (key, json.dumps(response)))
+                self._conn.execute("DELETE FROM llm_pending WHERE key = ? AND owner = ?", (key, OWNER))
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+
+    def claim(self, key: str, stale_after_s: float) -> bool:
+        """True when this process may make the call now: nobody else is making it, or its maker died or has held it
+        longer than `stale_after_s` (a call and all its retries). False: wait for the maker's answer (`get`)."""
+        now = time.time()
+        with self._lock, reported_as_store_full(self.path):
+            inserted = self._conn.execute("INSERT OR IGNORE INTO llm_pending (key, owner, started) VALUES (?, ?, ?)",
+                                          (key, OWNER, now)).rowcount
+            if inserted:
+                return True
+            row = self._conn.execute("SELECT owner, started FROM llm_pending WHERE key = ?", (key,)).fetchone()
+            if row is None:  # released in between: claim it again next time
+                return False
+            owner, started = row
+            if owner == OWNER:
+                return True
+            if _owner_alive(owner) and now - started < stale_after_s:
+                return False
+            return self._conn.execute("UPDATE llm_pending SET owner = ?, started = ? WHERE key = ? AND owner = ? "
+                                      "AND started = ?", (OWNER, now, key, owner, started)).rowcount == 1
+
+    def release(self, key: str) -> None:
+        """End this process's claim without an answer (the call failed): a waiting process makes it itself."""
+        with self._lock, reported_as_store_full(self.path):
+            self._conn.execute("DELETE FROM llm_pending WHERE key = ? AND owner = ?", (key, OWNER))
 
     def get_many(self, keys: Iterable[str]) -> dict[str, dict[str, Any]]:
         """The cached responses of `keys` that are in the cache (a call pack's export)."""
@@ -84,6 +121,22 @@ class LLMCallCache:
     def close(self) -> None:
         with self._lock:
             self._conn.close()
+
+
+OWNER = f"{socket.gethostname()}:{os.getpid()}"  # who holds a claim: a process of this machine can be checked
+
+
+def _owner_alive(owner: str) -> bool:
+    host, _, pid = owner.rpartition(":")
+    if host != socket.gethostname():
+        return True  # another machine's process: only its age can say it is gone
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, ValueError):
+        return True
+    return True
 
 
 def _enable_wal(conn: sqlite3.Connection, attempts: int = 100) -> None:
