@@ -129,7 +129,8 @@ def _prepare_shards(spec: ExperimentSpec, store_root: str, url: str | None) -> N
                 first = FIRST_QUESTIONS if shard is the_plan.shards[0] and retriever.per_query else len(stage.qids)
                 for part in (stage.qids[:first], stage.qids[first:]):
                     if part:
-                        hits.update(_retrieve_and_send(spec, the_plan, stage, retriever, questions, part, client, results))
+                        hits.update(_retrieve_and_send(spec, the_plan, stage, shard.id, retriever, questions, part, client,
+                                                        results))
             except BaseException as exc:  # the retrieve task waiting on it retrieves itself
                 prefetched.set_exception(exc)
                 raise
@@ -137,8 +138,8 @@ def _prepare_shards(spec: ExperimentSpec, store_root: str, url: str | None) -> N
             first_calls_sent.set()
 
 
-def _retrieve_and_send(spec: ExperimentSpec, the_plan: ExperimentPlan, stage: RetrieveStage, retriever: Retriever,
-                       questions: pd.DataFrame, qids: list[str], client: LLMClient | None,
+def _retrieve_and_send(spec: ExperimentSpec, the_plan: ExperimentPlan, stage: RetrieveStage, shard_id: str,
+                       retriever: Retriever, questions: pd.DataFrame, qids: list[str], client: LLMClient | None,
                        results: Path) -> dict[str, list[Hit]]:
     """Retrieve `qids` of a retrieve stage and send their round-1 calls of every cell on that retriever."""
     import pandas as pd
@@ -152,9 +153,8 @@ def _retrieve_and_send(spec: ExperimentSpec, the_plan: ExperimentPlan, stage: Re
     if client is None:
         return hits
     retrievals = pd.DataFrame(retrieval_rows(spec.name, retriever, stage.key, hits), columns=columns_of("retrievals"))
-    shard = next(s for s in the_plan.shards if s.qids == stage.qids)
     for cell in the_plan.cells_of(stage.retriever):
-        first_round = the_plan.generates[(cell, shard.id)][0]
+        first_round = the_plan.generates[(cell, shard_id)][0]
         if not (results / first_round.key).exists():
             calls = plan_round(spec, first_round, the_plan.store_root, part, retrievals, {})
             client.send_early([req for *_, req in calls.calls], calls.rounds_after)

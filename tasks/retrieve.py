@@ -63,11 +63,10 @@ def queries_of(questions: Iterable[Any]) -> list[Query]:
     return [Query(q["qid"], q["question"], tuple(q["gold_pids"]), tuple(q["answers"])) for q in questions]
 
 
-# Hits retrieved before the flow started (flows/warmup.py, while Prefect's server starts), by retrieve stage key:
-# taken once by that stage's task instead of searching again.
-# Shards retrieved before the flow's tasks ran (flows/warmup.py): stage key -> its hits, or a future of them while
-# the warm-up retrieves it. Claims are taken only between open_prefetch and close_prefetch (the flow starting), so a
-# retrieve task either finds its shard claimed and waits for it, or retrieves it alone: never both at once.
+# Shards retrieved before the flow's tasks ran (flows/warmup.py): stage key -> a future of its hits, filled by the
+# warm-up and taken once by that stage's task instead of searching again. Claims are taken only between open_prefetch
+# and close_prefetch (the flow starting), so a retrieve task either finds its shard claimed and waits for it, or
+# retrieves it alone: never both at once.
 _prefetched: dict[str, concurrent.futures.Future] = {}
 _prefetch_open = False
 _prefetch_lock = threading.Lock()
