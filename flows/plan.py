@@ -8,8 +8,6 @@ Each key chains from upstream (tasks/stages.py), so a changed vote method re-run
 
 from __future__ import annotations
 
-import contextlib
-import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +15,7 @@ from typing import Any
 
 from ragledger.cell import Cell
 from ragledger.datasets import Question
-from ragledger.paths import StoreLayout, resolve_data_path
+from ragledger.paths import StoreLayout
 from schemas.spec import ExperimentSpec
 from tasks.readers import get_reader, settings_for
 from tasks.readers.concatenation import Concatenation
@@ -33,11 +31,10 @@ from tasks.stages import (
     model_key,
     shard_id,
 )
-from tracking.events import event_id, stable_hash, write_text_atomically
+from tracking.events import event_id, stable_hash
 
 FLOW_VERSION = KEY_VERSION
 PIPELINE_STAGES = ("retrieve", "generate", "vote", "evaluate")  # in chain order
-CORPUS_HASH_VERSION = "corpus-hash-1"  # names the kept corpus hashes: a new one when Corpus.from_frame's hash changes
 
 
 @dataclass(frozen=True)
@@ -141,40 +138,13 @@ def questions_segment_for(spec: ExperimentSpec, questions: Sequence[Question], s
     return str(StoreLayout.of(store_root).segment("questions", spec.name, ids))
 
 
-def corpus_hash_for(spec: ExperimentSpec, store_root: str | Path | None = None) -> str:
-    """The corpus's content hash when a retriever needs the corpus ("" otherwise): it enters the retrieve keys.
-
-    Reading and hashing the 20,963 SQuAD paragraphs takes ~1 s, most of a cached rerun's answer from the store, so
-    with a store the hash is kept as a projection named by the corpus files' paths, sizes and modification times:
-    a changed file is a new name, hashed afresh."""
+def corpus_hash_for(spec: ExperimentSpec) -> str:
+    """The corpus's content hash when a retriever needs the corpus ("" otherwise): it enters the retrieve keys."""
     if not any(parse_retriever(r).needs_corpus for r in spec.retrievers):
         return ""
-    from tasks.retrievers import Corpus
+    from tasks.retrievers.base import corpus_hash_of
 
-    memo = _corpus_hash_memo(spec, store_root) if store_root is not None else None
-    if memo is not None and memo.exists():
-        with contextlib.suppress(OSError, ValueError, KeyError):
-            return json.loads(memo.read_text())["corpus_hash"]
-    corpus_hash = Corpus.load(spec.corpus.name, tuple(spec.corpus.paths)).corpus_hash
-    if memo is not None:
-        with contextlib.suppress(OSError):  # a projection: a store that cannot take it is hashed again next time
-            write_text_atomically(memo, json.dumps({"corpus_hash": corpus_hash}))
-    return corpus_hash
-
-
-def _corpus_hash_memo(spec: ExperimentSpec, store_root: str | Path) -> Path | None:
-    """Where the corpus's hash is kept for its files as they are now; None when a file is missing (the load
-    reports it)."""
-    files = []
-    for path in spec.corpus.paths:
-        p = resolve_data_path(path)
-        if not p.is_file():
-            return None
-        st = p.stat()
-        files.append((str(p.resolve()), st.st_size, st.st_mtime_ns))
-    if not files:
-        return None
-    return StoreLayout.of(store_root).corpus_hash_memo(stable_hash(CORPUS_HASH_VERSION, spec.corpus.name, files))
+    return corpus_hash_of(spec.corpus.name, tuple(spec.corpus.paths))
 
 
 def plan(spec: ExperimentSpec, questions: Sequence[Question], *, store_root: str | None = None,
@@ -184,7 +154,7 @@ def plan(spec: ExperimentSpec, questions: Sequence[Question], *, store_root: str
     tasks ran: until `closed_book_dropped` is given, the cells are planned over every sampled question."""
     store_root = store_root or spec.tracking.store
     segment = questions_segment or questions_segment_for(spec, questions, store_root)
-    corpus = corpus_hash if corpus_hash is not None else corpus_hash_for(spec, store_root)
+    corpus = corpus_hash if corpus_hash is not None else corpus_hash_for(spec)
     dataset_key = stable_hash(spec.name, spec.dataset.identity(), segment)
     mkey = model_key(spec)
     sampled = [q.qid for q in questions]

@@ -80,10 +80,6 @@ class StoreLayout:
         """Cell metrics, one file per set of segments (tracking/metrics.py)."""
         return self.projections / "metrics"
 
-    def corpus_hash_memo(self, key: str) -> Path:
-        """A corpus's content hash, by its files' identity (flows/plan.py corpus_hash_for)."""
-        return self.projections / "corpus-hashes" / f"{key}.json"
-
     @property
     def llm_cache(self) -> Path:
         """The LLM-call cache (resolved: one connection per file per process)."""

@@ -89,34 +89,49 @@ def test_ragledger_run_answers_a_cached_rerun_from_the_store_and_falls_back_to_t
         assert model.calls == calls
 
 
-def test_the_corpus_hash_is_kept_for_the_corpus_files_as_they_are(tmp_path, monkeypatch):
-    """flows/plan.corpus_hash_for keeps the hash beside the store, named by the corpus files' paths, sizes and
-    modification times: a second plan reads no corpus, and a changed file is hashed afresh."""
+def test_the_corpus_is_kept_on_the_machine_for_its_files_as_they_are(tmp_path, monkeypatch):
+    """tasks/retrievers/base.py keeps the passage table and its hash in the cache home, named by the corpus files'
+    paths, sizes and modification times: the next load and the plan's hash read no corpus file and give the same
+    corpus, and a changed file is read and hashed afresh."""
     import os
+
+    import pandas as pd
 
     import tasks.retrievers.base as base
     from flows.plan import corpus_hash_for
+    from ragledger import datasets
     from schemas.spec import parse_spec
 
+    monkeypatch.setenv("RAGLEDGER_HOME", str(tmp_path / "home"))
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps(p) + "\n" for p in PASSAGES))
     (tmp_path / "questions.jsonl").write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
     spec = parse_spec(make_spec(tmp_path, ["concatenation"]))
-    store = spec.tracking.store
-    loads = []
-    real_load = base._load_corpus.__wrapped__
+    paths = tuple(spec.corpus.paths)
+    reads = []
+    real_read = datasets.load_corpus
 
-    def counting_load(name, paths):
-        loads.append(paths)
-        return real_load(name, paths)
+    def counting_read(name, paths):
+        reads.append(paths)
+        return real_read(name, paths)
 
-    monkeypatch.setattr(base, "_load_corpus", counting_load)
-    first = corpus_hash_for(spec, store)
-    assert corpus_hash_for(spec, store) == first and len(loads) == 1  # the second from the kept hash
-    assert len(list((Path(store) / "projections" / "corpus-hashes").glob("*.json"))) == 1
+    monkeypatch.setattr(datasets, "load_corpus", counting_read)
+    fresh = base._load_corpus.__wrapped__(spec.corpus.name, paths)
+    assert len(reads) == 1 and len(list((tmp_path / "home" / "corpora").glob("*.parquet"))) == 1
+    kept = base._load_corpus.__wrapped__(spec.corpus.name, paths)
+    assert len(reads) == 1 and kept.corpus_hash == fresh.corpus_hash
+    pd.testing.assert_frame_equal(kept.passages, fresh.passages)
+    assert kept.passages.equals(base.Corpus.from_frame(real_read(spec.corpus.name, list(paths))).passages)
+    assert corpus_hash_for(spec) == fresh.corpus_hash and len(reads) == 1  # from the table's footer
 
     corpus.write_text(corpus.read_text().replace("Paris", "Lutetia"))
     os.utime(corpus, ns=(corpus.stat().st_atime_ns, corpus.stat().st_mtime_ns + 1_000_000))
-    changed = corpus_hash_for(spec, store)
-    assert len(loads) == 2 and changed != first
-    assert corpus_hash_for(spec) == changed and len(loads) == 3  # without a store: hashed each time
+    changed = base._load_corpus.__wrapped__(spec.corpus.name, paths)
+    assert len(reads) == 2 and changed.corpus_hash != fresh.corpus_hash
+    assert "Lutetia" in " ".join(changed.passages["text"])
+
+    # a damaged table is read from the files again (and kept whole again)
+    for table in (tmp_path / "home" / "corpora").glob("*.parquet"):
+        table.write_bytes(b"not parquet")
+    assert base._load_corpus.__wrapped__(spec.corpus.name, paths).corpus_hash == changed.corpus_hash
+    assert len(reads) == 3 and base.corpus_hash_of(spec.corpus.name, paths) == changed.corpus_hash
