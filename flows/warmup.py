@@ -18,6 +18,7 @@ and report.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -113,6 +114,8 @@ def _prepare_shards(spec: ExperimentSpec, store_root: str, url: str | None) -> N
     # Prefect's persisted task results, one file per cache key (ragledger/prefect_env.py sets the folder); asking
     # Prefect itself would import it and start its own ephemeral server, the API not being up yet
     results = Path(os.environ["PREFECT_LOCAL_STORAGE_PATH"])
+    first = [the_plan.retrieves[(name, the_plan.shards[0].id)] for name in spec.retrievers] if the_plan.shards else []
+    _start_engines([stage.retriever for stage in first if not stage.calls_model and not (results / stage.key).exists()])
     for shard in the_plan.shards if client is not None else the_plan.shards[:1]:
         for name in spec.retrievers:
             stage = the_plan.retrieves[(name, shard.id)]
@@ -136,6 +139,20 @@ def _prepare_shards(spec: ExperimentSpec, store_root: str, url: str | None) -> N
                 raise
             prefetched.set_result(hits)
             first_calls_sent.set()
+
+
+def _start_engines(names: list[str]) -> None:
+    """Start the search engines of these retrievers (BM25: the JVM and Anserini's classes, ~1 s, mostly outside the
+    GIL) in a thread, while this one reads the corpus and starts the model-call processes."""
+    from tasks.retrievers import parse_retriever
+
+    def start() -> None:
+        for name in names:
+            with contextlib.suppress(Exception):  # the retrieval meets the failure again and reports it
+                parse_retriever(name).start_engine()
+
+    if names:
+        threading.Thread(target=start, name="ragledger-search-engines", daemon=True).start()
 
 
 def _retrieve_and_send(spec: ExperimentSpec, the_plan: ExperimentPlan, stage: RetrieveStage, shard_id: str,

@@ -336,3 +336,17 @@ def test_only_lexical_retrievers_may_be_retrieved_in_parts():
     assert per_query == {"bm25@5": True, "none": True, "dense@5": False, "bm25@rr@5": False,
                          "hybrid(bm25@5,dense@5)": False, "hybrid(bm25@5,none)": True, "trunc(bm25@5,100)": True,
                          "gold(bm25@5,random)": True, "trunc(dense@5,100)": False}
+
+
+def test_start_engine_reaches_the_bm25_inside_every_wrapper(monkeypatch):
+    """Retriever.start_engine (the warm-up starts the JVM with it, flows/warmup.py): hybrid, trunc and gold pass it
+    to the retrievers they wrap; one without an engine does nothing."""
+    from tasks.retrievers import parse_retriever
+    from tasks.retrievers.bm25 import BM25
+
+    started: list[str] = []
+    monkeypatch.setattr(BM25, "start_engine", lambda self: started.append(self.name))
+    parse_retriever("trunc(gold(hybrid(bm25@3,none),last),50)").start_engine()
+    assert started == ["bm25@3"]
+    parse_retriever("none").start_engine()
+    assert started == ["bm25@3"]

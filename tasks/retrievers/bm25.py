@@ -20,6 +20,7 @@ from tasks.retrievers.base import Corpus, Hit, LLMFn, Query, Retriever
 BM25_K1 = 0.9  # Anserini/Pyserini defaults
 BM25_B = 0.4
 _searchers: dict[str, object] = {}
+_searcher_cls = None
 _lock = threading.Lock()
 
 
@@ -54,16 +55,27 @@ def build_bm25_index(corpus: Corpus, index_root: Path, threads: int = 2, log=pri
     return target
 
 
-def _searcher(index_dir: Path):
-    key = str(index_dir)
+def _searcher_class():
+    """Anserini's SimpleSearcher, the JVM started for it (ensure_jvm): loading the class loads most of Anserini and
+    Lucene (~0.6 s, mostly outside the GIL)."""
+    global _searcher_cls
     with _lock:
-        if key not in _searchers:
+        if _searcher_cls is None:
             from ragledger.java import ensure_jvm
 
             ensure_jvm()
             from pyserini.pyclass import autoclass
 
-            searcher = autoclass("io.anserini.search.SimpleSearcher")(key)
+            _searcher_cls = autoclass("io.anserini.search.SimpleSearcher")
+        return _searcher_cls
+
+
+def _searcher(index_dir: Path):
+    key = str(index_dir)
+    cls = _searcher_class()
+    with _lock:
+        if key not in _searchers:
+            searcher = cls(key)
             searcher.set_bm25(BM25_K1, BM25_B)
             _searchers[key] = searcher
         return _searchers[key]
@@ -90,6 +102,9 @@ class BM25(Retriever):
         self.k = k
         self.corpus: Corpus | None = None
         self.index_dir: Path | None = None
+
+    def start_engine(self) -> None:
+        _searcher_class()
 
     def prepare(self, corpus: Corpus, index_root: Path, log=print) -> None:
         self.corpus = corpus

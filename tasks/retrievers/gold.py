@@ -92,6 +92,9 @@ class GoldInsert(Retriever):
         self.needs_llm = inner.needs_llm
         self._corpus: Corpus | None = None
 
+    def start_engine(self) -> None:
+        self.inner.start_engine()
+
     def prepare(self, corpus: Corpus, index_root: Path, log=print) -> None:
         self.inner.prepare(corpus, index_root, log=log)
         self._corpus = corpus

@@ -28,6 +28,10 @@ class Hybrid(Retriever):
         self.needs_corpus = any(p.needs_corpus for p in parts)
         self.needs_llm = any(p.needs_llm for p in parts)
 
+    def start_engine(self) -> None:
+        for p in self.parts:
+            p.start_engine()
+
     def prepare(self, corpus: Corpus, index_root: Path, log=print) -> None:
         for p in self.parts:
             p.prepare(corpus, index_root, log=log)

@@ -33,6 +33,9 @@ class Truncate(Retriever):
         self.per_query = inner.per_query
         self.needs_corpus, self.needs_llm = inner.needs_corpus, inner.needs_llm
 
+    def start_engine(self) -> None:
+        self.inner.start_engine()
+
     def prepare(self, corpus: Corpus, index_root: Path, log=print) -> None:
         self.inner.prepare(corpus, index_root, log=log)
 
