@@ -49,6 +49,12 @@ def call_processes_for(concurrency: int) -> int:
 
 
 _REQUEST_FIELDS = tuple(f.name for f in fields(LLMRequest))
+# the keys computed in this process, by (backend, model, request): a call's key is asked for three times, by
+# clients of its warm-up and its task (flows/warmup.py sends it early), and for its generation record; each
+# hashes the whole prompt. Bounded (oldest first): a shard's calls are asked for within a few thousand others
+_KEYS: dict[tuple[str, str, LLMRequest], str] = {}
+_KEYS_MAX = 20_000
+_KEYS_LOCK = threading.Lock()
 TOKEN_LOGPROBS_FORMAT = "token-logprobs-1"
 
 
@@ -77,11 +83,9 @@ class LLMClient:
     cache: LLMCallCache | None
     counters: CallCounters = field(default_factory=CallCounters)
 
-    # the keys this client computed, by request: each is asked for twice (the call, then its generation record)
-    _keys: dict[LLMRequest, str] = field(default_factory=dict, init=False, repr=False, compare=False)
-
     def cache_key(self, req: LLMRequest) -> str:
-        key = self._keys.get(req)
+        memo = (self.backend_identity, self.endpoint.model, req)
+        key = _KEYS.get(memo)
         if key is None:
             # the fields by name, as dataclasses.asdict gives them (same key), without its 6 us deep copy: this
             # runs on the engine loop once per call
@@ -89,8 +93,11 @@ class LLMClient:
             # a call asking for log-probabilities caches them per token (TOKEN_LOGPROBS_FORMAT): entries from
             # before, which kept only their mean, are not reused for it
             fmt = (TOKEN_LOGPROBS_FORMAT,) if req.logprobs else ()
-            key = self._keys[req] = stable_hash("llm-call", self.backend_identity, self.endpoint.model, request, *fmt,
-                                                length=40)
+            key = stable_hash("llm-call", self.backend_identity, self.endpoint.model, request, *fmt, length=40)
+            with _KEYS_LOCK:  # asked for on the engine loop and in task threads
+                if len(_KEYS) >= _KEYS_MAX:
+                    _KEYS.pop(next(iter(_KEYS)))
+                _KEYS[memo] = key
         return key
 
     async def complete(self, req: LLMRequest, rounds_after: int = 0) -> LLMResponse:
