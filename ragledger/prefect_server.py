@@ -79,6 +79,11 @@ def _server_env(ephemeral: bool) -> dict[str, str]:
                 "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1"})
     if ephemeral:  # no scheduler/loop services: the command's own flow run is all this server serves
         env["PREFECT__SERVER_EPHEMERAL"] = "1"
+        # nor block-type registration: a run saves no block, and checking whether the registry changed imports
+        # every installed Prefect collection (prefect-dask: dask.distributed), a second of the server's start-up
+        # that the flow waits for. `ragledger server` (persistent, with the UI) registers them
+        env["PREFECT_SERVER_REGISTER_BLOCKS_ON_START"] = "false"
+        env["PREFECT_SERVER_MEMOIZE_BLOCK_AUTO_REGISTRATION"] = "false"
     return env
 
 
