@@ -114,8 +114,8 @@ def _prepare_shards(spec: ExperimentSpec, store_root: str, url: str | None) -> N
     # Prefect's persisted task results, one file per cache key (ragledger/prefect_env.py sets the folder); asking
     # Prefect itself would import it and start its own ephemeral server, the API not being up yet
     results = Path(os.environ["PREFECT_LOCAL_STORAGE_PATH"])
-    first = [the_plan.retrieves[(name, the_plan.shards[0].id)] for name in spec.retrievers] if the_plan.shards else []
-    _start_engines([stage.retriever for stage in first if not stage.calls_model and not (results / stage.key).exists()])
+    opening = [the_plan.retrieves[(name, the_plan.shards[0].id)] for name in spec.retrievers] if the_plan.shards else []
+    _start_engines([s.retriever for s in opening if not s.calls_model and not (results / s.key).exists()])
     for shard in the_plan.shards if client is not None else the_plan.shards[:1]:
         for name in spec.retrievers:
             stage = the_plan.retrieves[(name, shard.id)]
