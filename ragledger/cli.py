@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import math
 import os
@@ -429,5 +430,19 @@ from ragledger.cli_share import register as _register_share  # noqa: E402
 
 _register_share(app)
 
+
+
+def main() -> None:
+    """The `ragledger` command (pyproject.toml [project.scripts])."""
+    try:
+        app()
+    finally:
+        # the process ends here: the interpreter's last garbage collections would walk every object the command
+        # created (a run's corpus, questions and caches: 2.6 s measured after a 2,000-question run) only to free
+        # what the OS frees anyway. Frozen objects are skipped by them; atexit handlers still run, as do
+        # refcount frees and finalizers outside reference cycles
+        gc.freeze()
+
+
 if __name__ == "__main__":
-    app()
+    main()
