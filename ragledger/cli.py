@@ -432,7 +432,6 @@ from ragledger.cli_share import register as _register_share  # noqa: E402
 _register_share(app)
 
 
-
 _exit_status: int | None = None  # the command's exit status, once it returned or failed with SystemExit
 
 

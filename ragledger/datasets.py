@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ragledger.paths import resolve_data_path
+from ragledger.paths import file_identity, resolve_data_path
 
 
 class DatasetError(ValueError):
@@ -163,8 +163,7 @@ def load_questions(name: str, path: str) -> list[Question]:
     p = resolve_data_path(path)
     if not p.is_file():
         return _parse_questions(name, p)  # raises the loaders' file-not-found message
-    stat = p.stat()
-    key = (name, str(p.resolve()), stat.st_size, stat.st_mtime_ns)
+    key = (name, *file_identity(p))
     if key not in _loaded:
         if len(_loaded) >= 8:
             _loaded.pop(next(iter(_loaded)))

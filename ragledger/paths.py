@@ -33,6 +33,13 @@ def resolve_data_path(path: str) -> Path:
     return p if p.is_absolute() else data_dir() / p
 
 
+def file_identity(p: Path) -> tuple[str, int, int]:
+    """A file as it is now: its resolved path, size and modification time. What is kept per file (a parsed dataset, a
+    corpus table) is named by it, so a changed file is read afresh."""
+    st = p.stat()
+    return str(p.resolve()), st.st_size, st.st_mtime_ns
+
+
 def index_root() -> Path:
     """Retrieval indexes, keyed by corpus hash and shared by every store, experiment and checkout on the machine:
     $RAGLEDGER_INDEX_DIR, default <cache_home>/indexes."""

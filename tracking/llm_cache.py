@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ragledger.processes import pid_alive
 from tracking.diskfull import reported_as_store_full
 
 
@@ -128,15 +129,9 @@ OWNER = f"{socket.gethostname()}:{os.getpid()}"  # who holds a claim: a process 
 
 def _owner_alive(owner: str) -> bool:
     host, _, pid = owner.rpartition(":")
-    if host != socket.gethostname():
+    if host != socket.gethostname() or not pid.isdigit():
         return True  # another machine's process: only its age can say it is gone
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, ValueError):
-        return True
-    return True
+    return pid_alive(int(pid))
 
 
 def _enable_wal(conn: sqlite3.Connection, attempts: int = 100) -> None:

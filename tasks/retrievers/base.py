@@ -14,7 +14,7 @@ import pandas as pd
 
 from ragledger.atomic import atomic_path
 from ragledger.hashing import stable_hash
-from ragledger.paths import cache_home, resolve_data_path
+from ragledger.paths import cache_home, file_identity, resolve_data_path
 
 # names the passage tables kept in the cache home: a new one when the corpus loaders or Corpus.from_frame's hash change
 CORPUS_TABLE_VERSION = "corpus-table-1"
@@ -131,8 +131,7 @@ def corpus_table_path(name: str, paths: tuple[str, ...]) -> Path | None:
         p = resolve_data_path(path)
         if not p.is_file():
             return None
-        st = p.stat()
-        files.append((str(p.resolve()), st.st_size, st.st_mtime_ns))
+        files.append(file_identity(p))
     if not files:
         return None
     return cache_home() / "corpora" / f"{stable_hash(CORPUS_TABLE_VERSION, name, files)}.parquet"
