@@ -18,7 +18,6 @@ _DROP_PUNCT = str.maketrans("", "", string.punctuation)  # same characters as _P
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 
 
-@functools.lru_cache(maxsize=65_536)  # a gold answer is normalized for EM, F1 and the pool check of each reader
 def normalize_answer(text: str) -> str:
     """Lower text and remove punctuation, articles and extra whitespace (SQuAD v1.1)."""
     text = text.lower().translate(_DROP_PUNCT)
@@ -26,13 +25,18 @@ def normalize_answer(text: str) -> str:
     return " ".join(text.split())
 
 
+# answers (gold answers, predictions) normalized once: a gold answer is normalized for EM, F1 and the gold-in-context
+# check of every reader. Contexts are not kept here (each is normalized once by `normalized_context`)
+_normalized_answer = functools.lru_cache(maxsize=2**15)(normalize_answer)
+
+
 def exact_match(prediction: str, gold: str) -> float:
-    return float(normalize_answer(prediction) == normalize_answer(gold))
+    return float(_normalized_answer(prediction) == _normalized_answer(gold))
 
 
 def token_f1(prediction: str, gold: str) -> float:
-    pred_tokens = normalize_answer(prediction).split()
-    gold_tokens = normalize_answer(gold).split()
+    pred_tokens = _normalized_answer(prediction).split()
+    gold_tokens = _normalized_answer(gold).split()
     common = Counter(pred_tokens) & Counter(gold_tokens)
     num_same = sum(common.values())
     if num_same == 0:
@@ -134,7 +138,7 @@ def has_answer(context: str, golds: Iterable[str]) -> bool:
     if not golds:
         return False
     padded = normalized_context(context)  # normalized once, not once per gold answer
-    return any(_contains(padded, normalize_answer(g)) for g in golds)
+    return any(_contains(padded, _normalized_answer(g)) for g in golds)
 
 
 def gold_spans(text: str, golds: Iterable[str]) -> list[tuple[str, bool]]:
