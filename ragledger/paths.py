@@ -33,11 +33,12 @@ def resolve_data_path(path: str) -> Path:
     return p if p.is_absolute() else data_dir() / p
 
 
-def file_identity(p: Path) -> tuple[str, int, int]:
-    """A file as it is now: its resolved path, size and modification time. What is kept per file (a parsed dataset, a
-    corpus table) is named by it, so a changed file is read afresh."""
+def file_identity(p: Path) -> tuple[str, int, int, int, int]:
+    """A file as it is now: its resolved path, inode, size, modification time and status-change time. What is kept
+    per file (a parsed dataset, a corpus table) is named by it, so a changed file is read afresh; the inode and ctime
+    catch a file replaced by a copy that kept the old size and mtime (`cp -p`, `rsync -t`), which no user can set."""
     st = p.stat()
-    return str(p.resolve()), st.st_size, st.st_mtime_ns
+    return str(p.resolve()), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 def index_root() -> Path:

@@ -116,9 +116,13 @@ def test_the_corpus_is_kept_on_the_machine_for_its_files_as_they_are(tmp_path, m
         return real_read(name, paths)
 
     monkeypatch.setattr(datasets, "load_corpus", counting_read)
-    fresh = base._load_corpus.__wrapped__(spec.corpus.name, paths)
+
+    def load_uncached() -> base.Corpus:  # the process's memo aside: only the kept table may spare a read
+        return base._load_corpus.__wrapped__(spec.corpus.name, paths, base.corpus_table_path(spec.corpus.name, paths))
+
+    fresh = load_uncached()
     assert len(reads) == 1 and len(list((tmp_path / "home" / "corpora").glob("*.parquet"))) == 1
-    kept = base._load_corpus.__wrapped__(spec.corpus.name, paths)
+    kept = load_uncached()
     assert len(reads) == 1 and kept.corpus_hash == fresh.corpus_hash
     pd.testing.assert_frame_equal(kept.passages, fresh.passages)
     assert kept.passages.equals(base.Corpus.from_frame(real_read(spec.corpus.name, list(paths))).passages)
@@ -126,12 +130,25 @@ def test_the_corpus_is_kept_on_the_machine_for_its_files_as_they_are(tmp_path, m
 
     corpus.write_text(corpus.read_text().replace("Paris", "Lutetia"))
     os.utime(corpus, ns=(corpus.stat().st_atime_ns, corpus.stat().st_mtime_ns + 1_000_000))
-    changed = base._load_corpus.__wrapped__(spec.corpus.name, paths)
+    changed = load_uncached()
     assert len(reads) == 2 and changed.corpus_hash != fresh.corpus_hash
     assert "Lutetia" in " ".join(changed.passages["text"])
 
     # a damaged table is read from the files again (and kept whole again)
     for table in (tmp_path / "home" / "corpora").glob("*.parquet"):
         table.write_bytes(b"not parquet")
-    assert base._load_corpus.__wrapped__(spec.corpus.name, paths).corpus_hash == changed.corpus_hash
+    assert load_uncached().corpus_hash == changed.corpus_hash
     assert len(reads) == 3 and base.corpus_hash_of(spec.corpus.name, paths) == changed.corpus_hash
+
+    # a file replaced by one of the same size and modification time (`cp -p`): a new inode and ctime, read afresh;
+    # and the process's own memo follows the file too
+    before = base.Corpus.load(spec.corpus.name, paths)
+    stat = corpus.stat()
+    replacement = tmp_path / "replacement.jsonl"
+    replacement.write_text(corpus.read_text().replace("Lutetia", "Lutecia"))
+    os.utime(replacement, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    os.replace(replacement, corpus)
+    assert corpus.stat().st_size == stat.st_size and corpus.stat().st_mtime_ns == stat.st_mtime_ns
+    after = base.Corpus.load(spec.corpus.name, paths)
+    assert len(reads) == 4 and after.corpus_hash != before.corpus_hash
+    assert "Lutecia" in " ".join(after.passages["text"])

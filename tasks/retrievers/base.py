@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -15,6 +16,8 @@ import pandas as pd
 from ragledger.atomic import atomic_path
 from ragledger.hashing import stable_hash
 from ragledger.paths import cache_home, file_identity, resolve_data_path
+
+log = logging.getLogger(__name__)
 
 # names the passage tables kept in the cache home: a new one when the corpus loaders or Corpus.from_frame's hash change
 CORPUS_TABLE_VERSION = "corpus-table-1"
@@ -71,8 +74,9 @@ class Corpus:
     @classmethod
     def load(cls, name: str, paths: tuple[str, ...]) -> Corpus:
         """The spec's corpus, read and hashed once per process: the plan needs its hash for the retrieve keys, and the
-        stages (and a cached rerun's check) need the same corpus, so they share one load."""
-        return _load_corpus(name, tuple(paths))
+        stages (and a cached rerun's check) need the same corpus, so they share one load. The load is named by the
+        kept table's path too (the files' identities), so a file changed within a process is read afresh."""
+        return _load_corpus(name, tuple(paths), corpus_table_path(name, tuple(paths)))
 
     def lookup(self) -> dict[str, tuple[str, str]]:
         # built once per process under a lock: every retrieval shard task asks for it at the same moment, and
@@ -150,7 +154,7 @@ def corpus_hash_of(name: str, paths: tuple[str, ...]) -> str:
 
 
 @functools.lru_cache(maxsize=4)
-def _load_corpus(name: str, paths: tuple[str, ...]) -> Corpus:
+def _load_corpus(name: str, paths: tuple[str, ...], kept: Path | None) -> Corpus:
     """The corpus from the table kept on this machine (a Parquet read: ~0.1 s for the 20,963 SQuAD paragraphs,
     against ~1.3 s to parse the SQuAD JSON files and hash every passage), else from its files, keeping the table."""
     import pyarrow as pa
@@ -158,15 +162,17 @@ def _load_corpus(name: str, paths: tuple[str, ...]) -> Corpus:
 
     from ragledger.datasets import load_corpus
 
-    kept = corpus_table_path(name, paths)
     if kept is not None and kept.exists():
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):  # unreadable: read the files again
             table = pq.read_table(kept)
             return Corpus(table.to_pandas(), table.schema.metadata[b"corpus_hash"].decode())
     corpus = Corpus.from_frame(load_corpus(name, list(paths)))
     if kept is not None:
-        table = pa.Table.from_pandas(corpus.passages, preserve_index=False)
-        table = table.replace_schema_metadata({**table.schema.metadata, b"corpus_hash": corpus.corpus_hash.encode()})
-        with contextlib.suppress(OSError), atomic_path(kept) as tmp:  # a cache: one that cannot be kept is read again
-            pq.write_table(table, tmp)
+        try:  # a cache: one that cannot be kept is read again next time, the corpus is loaded either way
+            table = pa.Table.from_pandas(corpus.passages, preserve_index=False)
+            table = table.replace_schema_metadata({**table.schema.metadata, b"corpus_hash": corpus.corpus_hash.encode()})
+            with atomic_path(kept) as tmp:
+                pq.write_table(table, tmp)
+        except Exception as exc:
+            log.debug("corpus table not kept at %s: %s", kept, exc)
     return corpus
