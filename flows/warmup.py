@@ -18,7 +18,6 @@ and report.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
@@ -143,13 +142,15 @@ def _prepare_shards(spec: ExperimentSpec, store_root: str, url: str | None) -> N
 
 def _start_engines(names: list[str]) -> None:
     """Start the search engines of these retrievers (BM25: the JVM and Anserini's classes, ~1 s, mostly outside the
-    GIL) in a thread, while this one reads the corpus and starts the model-call processes."""
+    GIL) in a thread, while this one opens the retrievers (the corpus from its kept table) and retrieves."""
     from tasks.retrievers import parse_retriever
 
     def start() -> None:
         for name in names:
-            with contextlib.suppress(Exception):  # the retrieval meets the failure again and reports it
+            try:
                 parse_retriever(name).start_engine()
+            except Exception as exc:  # the retrieval meets the failure again and reports it
+                log.debug("search engine of %s not started ahead: %s", name, exc)
 
     if names:
         threading.Thread(target=start, name="ragledger-search-engines", daemon=True).start()
