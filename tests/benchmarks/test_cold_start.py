@@ -9,7 +9,9 @@ questions, bm25@5, Post-Fusion, concurrency 64, answers after 100 ms). Reported,
 - the command-time ratio: the `ragledger run` command's time over the bare-loop script's command time, both
   from process start to exit (target <= 1.3);
 - for both, the seconds from the command's start to its first model call, as the server saw it (target: ~2 s);
-- then the same command again, answered from the caches: its command time and its model calls (0).
+- then the same command again, answered from the caches: its command time and its model calls (0);
+- the same command with `--runner dask --workers 2` (the run's own local cluster), and twice on a long-lived cluster
+  of 2 workers (`--scheduler`), whose second run finds corpus, JVM and embedding model loaded in its workers.
 
 Before the timed commands, one `ragledger run` of 20 questions into another store in the same directory builds
 the BM25 index if needed and creates the directory's Prefect and MLflow databases, as a user's earlier runs would.
@@ -73,11 +75,27 @@ print(json.dumps({"calls": calls, "loop_s": time.perf_counter() - t}))
 """
 
 
+_home: dict[str, str] = {}  # the cache home of the test running now (fresh_cache_home)
+
+
 def user_env() -> dict[str, str]:
     """A shell's environment: no Prefect API or home from the pytest process, the bench key set."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
     env["RAGLEDGER_BENCH_KEY"] = "unused"
-    return env
+    return env | _home
+
+
+def fresh_cache_home(home: Path) -> None:
+    """This machine's cache home (models, indexes, corpus tables) without its kept embeddings, for the commands of
+    one test: each test's first run embeds its answers as a first run on this machine would, whatever the tests
+    before it kept (ragledger/vector_cache.py)."""
+    from ragledger.paths import cache_home
+
+    home.mkdir()
+    for entry in cache_home().iterdir():
+        if entry.name != "embeddings":
+            (home / entry.name).symlink_to(entry)
+    _home["RAGLEDGER_HOME"] = str(home)
 
 
 def timed(args: list[str], cwd: Path) -> tuple[float, str]:
@@ -119,21 +137,44 @@ def write_spec(path: Path, base_url: str) -> Path:
     return path
 
 
-def test_p1_cold_ragledger_run_beside_a_fresh_bare_loop(benchmark, latency_server, tmp_path,  # noqa: F811
-                                                        record_result):
+def prepared_directory(work: Path, base_url: str) -> Path:
+    """A user's directory with the P1 spec, after an earlier run of 20 questions there (the BM25 index, the
+    directory's Prefect and MLflow databases, the embeddings of those questions' answers)."""
+    work.mkdir()
+    fresh_cache_home(work / "cache-home")
+    spec = write_spec(work / "p1-cold.yaml", base_url)
+    timed([str(RAGLEDGER), "run", str(spec), "--limit", "20", "--store", "warm-store"], work)
+    return spec
+
+
+def fresh_bare_loop(work: Path, base_url: str) -> dict:
+    """The bare-loop script as a fresh process from the shell: its own loop time, its command time, its first call."""
     from ragledger.paths import data_dir
 
-    work = tmp_path / "shell"
-    work.mkdir()
-    spec = write_spec(work / "p1-cold.yaml", latency_server)
-    # index, Prefect and MLflow databases of this directory: a user's earlier run
-    timed([str(RAGLEDGER), "run", str(spec), "--limit", "20", "--store", "warm-store"], work)
-
-    bare_s, out, bare_first = first_call_after([sys.executable, "-c", BARE_LOOP_SCRIPT, latency_server,
+    bare_s, out, bare_first = first_call_after([sys.executable, "-c", BARE_LOOP_SCRIPT, base_url,
                                                 str(data_dir() / "squad" / "dev-v1.1.json.gz"), str(QUESTIONS), str(K),
-                                                str(CONCURRENCY)], work, latency_server)
+                                                str(CONCURRENCY)], work, base_url)
     bare = json.loads(out.strip().splitlines()[-1])
     assert bare["calls"] == CALLS
+    return {**bare, "command_s": bare_s, "first_call_after_s": bare_first}
+
+
+def run_figures(prefix: str, bare: dict, command_s: float, first_call_s: float, summary: dict) -> dict:
+    """One `ragledger run`'s figures beside the bare loop's: the run's own ratio and the command-time ratio."""
+    run_rate = summary["llm_calls"] / summary["wall_time_s"]
+    return {f"{prefix}_command_s": round(command_s, 2), f"{prefix}_first_call_after_s": first_call_s,
+            f"{prefix}_wall_time_s": summary["wall_time_s"], f"{prefix}_calls": summary["llm_calls"],
+            f"{prefix}_stage_seconds": summary["stage_seconds"],
+            f"{prefix}_ratio_calls_per_s": round(run_rate / (bare["calls"] / bare["loop_s"]), 3),
+            f"{prefix}_command_time_ratio": round(command_s / bare["command_s"], 3)}
+
+
+def test_p1_cold_ragledger_run_beside_a_fresh_bare_loop(benchmark, latency_server, tmp_path,  # noqa: F811
+                                                        record_result):
+    work = tmp_path / "shell"
+    spec = prepared_directory(work, latency_server)
+    bare = fresh_bare_loop(work, latency_server)
+    bare_s, bare_first = bare["command_s"], bare["first_call_after_s"]
 
     summary_path = work / "summary.json"
     command = [str(RAGLEDGER), "run", str(spec), "--json", str(summary_path)]
@@ -161,3 +202,56 @@ def test_p1_cold_ragledger_run_beside_a_fresh_bare_loop(benchmark, latency_serve
         "cached_rerun_command_s": round(rerun_s, 2), "cached_rerun_wall_time_s": rerun["wall_time_s"],
         "cached_rerun_model_calls": rerun["llm_calls"], "ideal_s": CALLS / CONCURRENCY * DELAY_S,
     })
+
+
+CLUSTER_SCRIPT = """
+import sys
+from distributed import LocalCluster
+
+cluster = LocalCluster(n_workers=2, threads_per_worker=4, processes=True, dashboard_address=None)
+print(cluster.scheduler_address, flush=True)
+sys.stdin.read()  # until the benchmark closes it
+cluster.close()
+"""
+
+
+def test_p1_cold_on_two_dask_workers_beside_the_thread_runner(benchmark, latency_server, tmp_path,  # noqa: F811
+                                                             record_result):
+    """The same P1 command with `--runner dask --workers 2` (a local cluster started by the run: each fresh worker
+    loads the corpus, the JVM and the embedding model), then twice on a long-lived cluster of 2 workers
+    (`--scheduler`): its first run loads them in each worker, its second (another store, so every call is made
+    again) finds them loaded, once per worker lifetime. Each run's ratios are taken against a fresh bare loop."""
+    work = tmp_path / "shell"
+    spec = prepared_directory(work, latency_server)
+    bare = fresh_bare_loop(work, latency_server)
+    figures = {"bare_loop_command_s": round(bare["command_s"], 2), "bare_loop_s": round(bare["loop_s"], 2)}
+
+    def cold_run(store: str, *options: str) -> tuple[float, float, dict]:
+        out = work / f"{store}.json"
+        seconds, _, first_call = first_call_after([str(RAGLEDGER), "run", str(spec), "--store", store, "--json",
+                                                   str(out), *options], work, latency_server)
+        summary = json.loads(out.read_text())
+        assert 0.99 * CALLS <= summary["llm_calls"] <= CALLS and summary["task_processes"] == 2, summary["llm_calls"]
+        return seconds, first_call, summary
+
+    local: list[tuple[float, float, dict]] = []
+    benchmark.pedantic(lambda: local.append(cold_run("dask-store", "--runner", "dask", "--workers", "2")), rounds=1,
+                       iterations=1)
+    figures |= run_figures("dask_local_cluster", bare, *local[0])
+
+    # a cluster that outlives the runs, as a lab starts one; its workers take the directory's Prefect home and their
+    # share of model.concurrency from the environment they were started with
+    env = user_env() | {"RAGLEDGER_ENDPOINT_PROCESSES": "2",
+                        "PREFECT_HOME": str(work / ".ragledger" / "prefect"),
+                        "PREFECT_LOCAL_STORAGE_PATH": str(work / ".ragledger" / "prefect" / "storage")}
+    cluster = subprocess.Popen([sys.executable, "-c", CLUSTER_SCRIPT], cwd=work, env=env, stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        address = cluster.stdout.readline().strip()
+        assert address.startswith("tcp://"), address
+        for i in (1, 2):
+            figures |= run_figures(f"dask_long_lived_run_{i}", bare, *cold_run(f"lived-store-{i}", "--scheduler", address))
+    finally:
+        cluster.stdin.close()
+        cluster.wait(timeout=60)
+    record_result("p1_cold_dask_2_workers", figures)
