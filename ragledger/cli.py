@@ -128,7 +128,8 @@ def run(
     json_out: Annotated[Path | None, typer.Option("--json", help="also write the run summary as JSON here")] = None,
     runner: Annotated[str | None, typer.Option(help="task runner: thread (default) or dask (overrides execution.runner)")] = None,
     workers: Annotated[int | None, typer.Option(help="Dask worker processes of the local cluster")] = None,
-    scheduler: Annotated[str | None, typer.Option(help="Dask: an existing scheduler address instead of a local cluster")] = None,
+    scheduler: Annotated[str | None, typer.Option(help="an existing Dask scheduler's address instead of a local cluster "
+                                                  "(implies --runner dask)")] = None,
     limit: Annotated[int | None, typer.Option(help="questions per dataset (overrides dataset.limit)")] = None,
     embedded: Annotated[bool, typer.Option("--embedded", help="use the embedded CPU model instead of the spec's endpoint "
                                            "(e.g. a paper config written for a vLLM server)")] = False,
@@ -145,6 +146,9 @@ def run(
         preflight(spec)
         if runner not in (None, "thread", "dask"):
             raise usage_error(f"--runner: unknown runner {runner!r} (thread, dask)")
+        if scheduler and runner == "thread":
+            raise usage_error("--scheduler is a Dask scheduler: use it with --runner dask (or without --runner)")
+        runner = "dask" if scheduler else runner
         if workers is not None and workers <= 0:
             raise usage_error("--workers must be a positive integer")
         refuse_credentials(base_url, "--base-url", "put the API key in an environment variable and name it in "

@@ -123,7 +123,17 @@ class ExecutionSpec(_Strict):
     shard_size: int = Field(25, gt=0, description="questions per Prefect task run")
     runner: Literal["thread", "dask"] = Field("thread", description="Prefect task runner: threads in this process, or Dask")
     workers: int = Field(2, gt=0, description="Dask: worker processes of the local cluster")
-    scheduler_address: str | None = Field(None, description="Dask: an existing scheduler (tcp://host:8786), not a local cluster")
+    scheduler_address: str | None = Field(None, description="Dask: an existing scheduler (tcp://host:8786), not a local "
+                                          "cluster; implies runner: dask")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _scheduler_means_dask(cls, data: object) -> object:
+        if isinstance(data, dict) and data.get("scheduler_address"):
+            if data.get("runner", "dask") != "dask":
+                raise ValueError("scheduler_address is a Dask scheduler: set runner: dask (or leave runner out)")
+            return {**data, "runner": "dask"}
+        return data
 
 
 class TrackingSpec(_Strict):

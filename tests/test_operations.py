@@ -139,6 +139,8 @@ def test_runs_and_schedule_reject_bad_arguments(tmp_path):
     assert bad.returncode == 2 and "--cron" in bad.stderr and "Invalid cron string" in bad.stderr, bad.stderr
     runner = cli(tmp_path, "run", str(spec), "--runner", "spark")
     assert runner.returncode == 2 and "--runner: unknown runner 'spark'" in runner.stderr
+    threads = cli(tmp_path, "run", str(spec), "--runner", "thread", "--scheduler", "tcp://127.0.0.1:9")
+    assert threads.returncode == 2 and "--scheduler is a Dask scheduler" in threads.stderr, threads.stderr
     assert not (tmp_path / ".ragledger" / "store").exists()
     data = yaml.safe_load(spec.read_text())
     assert data["name"] == "rel"

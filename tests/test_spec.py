@@ -18,6 +18,13 @@ def test_spec_hash_ignores_tracking_but_not_model():
     assert a.spec_hash() == b.spec_hash() != c.spec_hash()
 
 
+def test_a_scheduler_address_means_the_dask_runner():
+    spec = parse_spec({**GOOD, "execution": {"scheduler_address": "tcp://h:8786"}})
+    assert spec.execution.runner == "dask"
+    assert parse_spec(spec.model_dump()).execution.runner == "dask"
+    assert parse_spec(GOOD).execution.runner == "thread"
+
+
 @pytest.mark.parametrize(
     ("patch", "needle"),
     [
@@ -30,6 +37,7 @@ def test_spec_hash_ignores_tracking_but_not_model():
         ({"dataset": {"limit": "many"}}, "field 'dataset.limit'"),
         ({"model": {"backend": "openai"}}, "model.base_url is required"),
         ({"name": "has space"}, "field 'name'"),
+        ({"execution": {"runner": "thread", "scheduler_address": "tcp://h:8786"}}, "set runner: dask"),
     ],
 )
 def test_bad_fields_are_named(patch, needle):
