@@ -9,7 +9,6 @@ Problems are reported with file, row and field.
 from __future__ import annotations
 
 import ast
-import copy
 import csv
 import gzip
 import hashlib
@@ -168,7 +167,9 @@ def load_questions(name: str, path: str) -> list[Question]:
         if len(_loaded) >= 8:
             _loaded.pop(next(iter(_loaded)))
         _loaded[key] = _parse_questions(name, p)
-    return [copy.copy(q) for q in _loaded[key]]
+    # shallow copies, made by the constructor: copy.copy of 10,570 SQuAD questions took 0.18 s, on the way to the
+    # first model call of a run
+    return [Question(q.qid, q.question, q.answers, q.gold_pids) for q in _loaded[key]]
 
 
 def _parse_questions(name: str, p: Path) -> list[Question]:

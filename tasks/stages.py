@@ -13,6 +13,7 @@ Nothing here imports Prefect: flows/plan.py builds every stage of a run without 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -93,9 +94,25 @@ class RunContext:
 
     def questions(self, store: EventStore, qids: Sequence[str]):
         """The shard's questions, in shard order."""
-        q = store.read("questions", paths=[self.questions_segment])
+        q = _questions_segment(store, self.questions_segment)
         q = q[q["qid"].isin(qids)].set_index("qid")
         return q.loc[[x for x in qids if x in q.index]].reset_index()
+
+
+_segments_lock = threading.Lock()
+_segments: dict[tuple[str, str], Any] = {}
+
+
+def _questions_segment(store: EventStore, segment: str):
+    """A run's questions segment, read once per process: every task of the run asks for it, and a segment never
+    changes (its name is its content's hash), so it is read whole once and each task takes its shard's rows."""
+    key = (str(store.root), segment)
+    with _segments_lock:
+        if key not in _segments:
+            if len(_segments) >= 8:
+                _segments.pop(next(iter(_segments)))
+            _segments[key] = store.read("questions", paths=[segment])
+        return _segments[key]
 
 
 class Stage:

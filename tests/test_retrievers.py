@@ -171,6 +171,45 @@ def test_the_onnx_encoder_gives_sentence_transformers_vectors(data_dir, tmp_path
     onnx_encoder._session.cache_clear()
 
 
+PYSERINI_SEARCH = """
+import json, sys
+from ragledger.java import ensure_jvm
+ensure_jvm()
+from pyserini.search.lucene import LuceneSearcher
+index, k1, b, queries = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), json.loads(sys.argv[4])
+searcher = LuceneSearcher(index)
+searcher.set_bm25(k1, b)
+hits = searcher.batch_search([q for _, q in queries], [i for i, _ in queries], k=4, threads=1)
+print(json.dumps({i: [[h.docid, h.score] for h in hits[i]] for i, _ in queries}))
+"""
+
+
+def test_bm25_hits_are_pyserinis_own(corpus, tmp_path):
+    """Our declared SimpleSearcher (tasks/retrievers/bm25.py) against pyserini's LuceneSearcher, in a process of its
+    own (pyserini.search.lucene imports torch), on the same index, k1 and b: the same passages in the same order
+    with the same scores."""
+    import os
+    import subprocess
+    import sys
+
+    from tasks.retrievers.bm25 import BM25_B, BM25_K1
+
+    bm25 = parse_retriever("bm25@4")
+    bm25.prepare(corpus, tmp_path, log=lambda *_: None)
+    queries = [Query("q1", "What is the capital of France?"), Query("q2", "Who won Super Bowl 50?"),
+               Query("q3", "river in Africa")]
+    ours = bm25.retrieve(queries)
+    env = os.environ | {"OPENAI_API_KEY": os.environ.get("OPENAI_API_KEY") or "unused-placeholder"}  # its import
+    done = subprocess.run([sys.executable, "-c", PYSERINI_SEARCH, str(bm25.index_dir), str(BM25_K1), str(BM25_B),
+                           json.dumps([[q.qid, q.text] for q in queries])], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    theirs = json.loads(done.stdout.strip().splitlines()[-1])
+    for q in queries:
+        assert [[h.pid, h.score] for h in ours[q.qid]] == theirs[q.qid], q.qid
+    assert ours["q1"][0].pid in {"p2", "p5"} and ours["q2"][0].pid == "p1"
+
+
 def test_hybrid_dedups_bm25_and_dense(corpus, tmp_path):
     h = parse_retriever("hybrid(bm25@3,dense@3)")
     h.prepare(corpus, tmp_path, log=lambda *_: None)

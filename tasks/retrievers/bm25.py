@@ -21,6 +21,7 @@ BM25_K1 = 0.9  # Anserini/Pyserini defaults
 BM25_B = 0.4
 _searchers: dict[str, object] = {}
 _searcher_cls = None
+SEARCHER_CLASS = "io/anserini/search/SimpleSearcher"
 _lock = threading.Lock()
 
 
@@ -56,17 +57,34 @@ def build_bm25_index(corpus: Corpus, index_root: Path, threads: int = 2, log=pri
 
 
 def _searcher_class():
-    """Anserini's SimpleSearcher, the JVM started for it (ensure_jvm): loading the class loads most of Anserini and
-    Lucene (~0.6 s, mostly outside the GIL)."""
+    """Anserini's SimpleSearcher, the JVM started for it (ensure_jvm), declared with just the three members used
+    here. pyjnius' autoclass would reflect every method of the class and its superclasses into Python objects: 0.64 s
+    holding the GIL, measured, on the way to a run's first model call; the declaration takes a few milliseconds
+    (tests/test_retrievers.py checks its hits against pyserini's own LuceneSearcher). pyjnius keeps one class per Java
+    class name: a full one already made (pyserini.search.lucene imported first) is used as it is, and after this
+    declaration an autoclass of SimpleSearcher in this process gets these three members only. ragledger never
+    imports pyserini.search.lucene (it imports torch); a test comparing with it does so in another process."""
     global _searcher_cls
     with _lock:
         if _searcher_cls is None:
             from ragledger.java import ensure_jvm
 
             ensure_jvm()
-            from pyserini.pyclass import autoclass
+            from jnius import JavaClass, JavaMethod, MetaJavaClass
 
-            _searcher_cls = autoclass("io.anserini.search.SimpleSearcher")
+            made = MetaJavaClass.get_javaclass(SEARCHER_CLASS, classparams=(True, True))
+            if made is not None:
+                _searcher_cls = made
+                return made
+
+            class SimpleSearcher(JavaClass, metaclass=MetaJavaClass):
+                __javaclass__ = SEARCHER_CLASS
+                __javaconstructor__ = [("(Ljava/lang/String;)V", False)]  # noqa: RUF012  (SimpleSearcher(String indexDir))
+                set_bm25 = JavaMethod("(FF)V")  # setBM25(float k1, float b)
+                # batch_search(List<String> queries, List<String> qids, int k, int threads): Map<String, ScoredDoc[]>
+                batch_search = JavaMethod("(Ljava/util/List;Ljava/util/List;II)Ljava/util/Map;")
+
+            _searcher_cls = SimpleSearcher
         return _searcher_cls
 
 

@@ -28,6 +28,14 @@ _stats: dict[str, tuple[float, float]] = {}  # name -> (min, median) seconds
 
 @pytest.fixture(scope="module")
 def setup():
+    # pyserini's full SimpleSearcher class first: ours (tasks/retrievers/bm25.py) then uses it instead of declaring
+    # its three-member one, which pyserini's LuceneSearcher could not use
+    from ragledger.java import ensure_jvm
+
+    ensure_jvm()
+    os.environ.setdefault("OPENAI_API_KEY", "unused-placeholder")  # pyserini.encode refuses to import without one
+    import pyserini.search.lucene  # noqa: F401
+
     corpus = Corpus.from_frame(load_corpus("squad-paragraphs", ["squad/dev-v1.1.json.gz", "squad/train-v1.0.json.gz"]))
     questions = load_questions("squad", "squad/dev-v1.1.json.gz")
     assert len(questions) == 10_570 and len(corpus.passages) == 20_963
