@@ -106,7 +106,9 @@ def _prepare_shards(spec: ExperimentSpec, store_root: str, url: str | None) -> N
 
     client = llm_client_for(spec, url, store_root) if url else None
     if client is not None:
-        client.start_call_processes()
+        # one model-call process for the first calls; the others once those are sent: on 2 cores their imports
+        # would share the CPU with the JVM's start and the first retrieval, which the first calls wait for
+        client.start_call_processes(at_most=1)
     sampled = spec.dataset.sampled_questions()
     questions = pd.DataFrame(question_rows(spec, sampled))
     the_plan = plan(spec, sampled, store_root=store_root)
@@ -133,6 +135,8 @@ def _prepare_shards(spec: ExperimentSpec, store_root: str, url: str | None) -> N
                     if part:
                         hits.update(_retrieve_and_send(spec, the_plan, stage, shard.id, retriever, questions, part, client,
                                                         results))
+                        if client is not None:  # the first calls left: the other model-call processes now
+                            client.start_call_processes()
             except BaseException as exc:  # the retrieve task waiting on it retrieves itself
                 prefetched.set_exception(exc)
                 raise

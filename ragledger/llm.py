@@ -144,13 +144,15 @@ class LLMClient:
         cache_path = str(self.cache.path) if self.cache is not None else None
         return _call_processes(loop).call(self.endpoint, req, key, cache_path, rounds_after)
 
-    def start_call_processes(self) -> None:
-        """Start this endpoint's model-call processes now (their imports take a second), not on the first call;
-        returns at once."""
+    def start_call_processes(self, at_most: int | None = None) -> None:
+        """Start this endpoint's model-call processes now (their imports take a second), not on the first call; or
+        only the first `at_most` of them, the others taking no call until this is called again without it. Returns at
+        once."""
 
         async def start() -> None:
             processes = _call_processes(asyncio.get_running_loop())
-            n = call_processes_for(self.endpoint.concurrency)
+            processes.held_from = at_most
+            n = min(call_processes_for(self.endpoint.concurrency), at_most or sys.maxsize)
             while len(processes.processes) < n:
                 processes.processes.append(_CallProcess())
             await asyncio.gather(*(p.ensure_started() for p in processes.processes[:n]))
@@ -268,13 +270,16 @@ class _CallProcesses:
     def __init__(self) -> None:
         self.processes: list[_CallProcess] = []
         self._shares: dict[tuple[Endpoint, int, int], Endpoint] = {}
+        self.held_from: int | None = None  # processes from this index on take no call yet (start_call_processes)
 
     async def call(self, ep: Endpoint, req: LLMRequest, cache_key: str, cache_path: str | None,
                    rounds_after: int = 0) -> LLMResponse:
         n = call_processes_for(ep.concurrency)
         while len(self.processes) < n:
             self.processes.append(_CallProcess())
-        i = min(range(n), key=lambda j: self.processes[j].outstanding)
+        # the warm-up starts one process first and holds the others back until its first calls have left
+        usable = range(min(n, self.held_from or n))
+        i = min(usable, key=lambda j: self.processes[j].outstanding)
         return await self.processes[i].call(self._share(ep, i, n), req, cache_key, cache_path, rounds_after)
 
     def _share(self, ep: Endpoint, i: int, n: int) -> Endpoint:

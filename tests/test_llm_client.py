@@ -265,6 +265,32 @@ def test_an_endpoint_allowing_many_requests_in_flight_spreads_them_over_processe
         assert len(set(_call_process_pids())) >= 2
 
 
+def test_processes_held_back_take_no_call_until_released(monkeypatch):
+    """The warm-up starts one model-call process and holds the others back while the JVM starts
+    (flows/warmup.py): meanwhile calls stay within the first process's share of the bound (33 of 65); released,
+    the others take calls again."""
+    import asyncio
+
+    from ragledger import llm
+
+    monkeypatch.setattr(llm, "MAX_CALL_PROCESSES", 2)
+    with ScriptedServer(answer=lambda s, p, b: p.upper(), delay_s=0.05) as server:
+        c = client(server, concurrency=65)
+
+        async def many(n: int, tag: str):
+            return await asyncio.gather(*(c.complete(req(prompt=f"{tag}{i}")) for i in range(n)))
+
+        c.start_call_processes(at_most=1)
+        try:
+            assert len(run_on_engine(many(200, "held"))) == 200
+            assert server.max_in_flight <= 33, server.max_in_flight
+        finally:
+            c.start_call_processes()
+        server.max_in_flight = 0
+        assert len(run_on_engine(many(200, "free"))) == 200
+        assert server.max_in_flight > 33, server.max_in_flight
+
+
 def test_calls_in_flight_when_the_model_call_process_dies_fail_by_name_and_the_next_call_starts_a_new_one():
     import asyncio
     import os
