@@ -10,6 +10,7 @@ questions, bm25@5, Post-Fusion, concurrency 64, answers after 100 ms). Reported,
   from process start to exit (target <= 1.3);
 - for both, the seconds from the command's start to its first model call, as the server saw it (target: ~2 s);
 - then the same command again, answered from the caches: its command time and its model calls (0);
+- the same command while the directory's `ragledger server` runs (no temporary Prefect server to start);
 - the same command with `--runner dask --workers 2` (the run's own local cluster), and twice on a long-lived cluster
   of 2 workers (`--scheduler`), whose second run finds corpus, JVM and embedding model loaded in its workers.
 
@@ -202,6 +203,42 @@ def test_p1_cold_ragledger_run_beside_a_fresh_bare_loop(benchmark, latency_serve
         "cached_rerun_command_s": round(rerun_s, 2), "cached_rerun_wall_time_s": rerun["wall_time_s"],
         "cached_rerun_model_calls": rerun["llm_calls"], "ideal_s": CALLS / CONCURRENCY * DELAY_S,
     })
+
+
+def test_p1_cold_with_the_local_prefect_server_running(benchmark, latency_server, tmp_path,  # noqa: F811
+                                                       record_result):
+    """The same cold command while `ragledger server start` runs in the directory (schedules and the Prefect UI; a
+    researcher keeps it up all day): the run uses it instead of starting a temporary Prefect server. Another store
+    and no kept embeddings, as a first run."""
+    work = tmp_path / "shell"
+    spec = prepared_directory(work, latency_server)
+    port = str(_free_port())
+    timed([str(RAGLEDGER), "server", "start", "--port", port], work)
+    try:
+        fresh_cache_home(work / "cache-home-served")
+        bare = fresh_bare_loop(work, latency_server)
+        out = work / "served.json"
+        runs: list[tuple[float, str, float]] = []
+        benchmark.pedantic(lambda: runs.append(first_call_after(
+            [str(RAGLEDGER), "run", str(spec), "--store", "served-store", "--json", str(out)], work, latency_server)),
+            rounds=1, iterations=1)
+        seconds, _, first_call = runs[0]
+        summary = json.loads(out.read_text())
+        assert 0.99 * CALLS <= summary["llm_calls"] <= CALLS, summary["llm_calls"]
+    finally:
+        timed([str(RAGLEDGER), "server", "stop"], work)
+    record_result("p1_cold_with_local_prefect_server", {
+        "bare_loop_command_s": round(bare["command_s"], 2), "bare_loop_s": round(bare["loop_s"], 2),
+        "bare_loop_first_call_after_s": bare["first_call_after_s"],
+        **run_figures("run", bare, seconds, first_call, summary)})
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 CLUSTER_SCRIPT = """
