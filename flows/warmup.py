@@ -98,17 +98,28 @@ def _early_url(spec: ExperimentSpec, base_url: str | None) -> str | None:
 
 
 def _prepare_shards(spec: ExperimentSpec, store_root: str, url: str | None) -> None:
+    from tasks.context import llm_client_for
+
+    client = llm_client_for(spec, url, store_root) if url else None
+    if client is None:
+        _retrieve_shards(spec, store_root, None)
+        return
+    # one model-call process for the first calls, the others once those have left (_retrieve_shards): on 2 cores
+    # their imports would share the CPU with the JVM's start and the first retrieval, which the first calls wait for
+    client.start_call_processes(at_most=1)
+    try:
+        _retrieve_shards(spec, store_root, client)
+    finally:  # whatever stopped the warm-up, every model-call process takes calls again
+        client.start_call_processes()
+
+
+def _retrieve_shards(spec: ExperimentSpec, store_root: str, client: LLMClient | None) -> None:
     import pandas as pd
 
     from flows.plan import plan, question_rows
-    from tasks.context import llm_client_for, retriever_for
+    from tasks.context import retriever_for
     from tasks.retrieve import claim_prefetch
 
-    client = llm_client_for(spec, url, store_root) if url else None
-    if client is not None:
-        # one model-call process for the first calls; the others once those are sent: on 2 cores their imports
-        # would share the CPU with the JVM's start and the first retrieval, which the first calls wait for
-        client.start_call_processes(at_most=1)
     sampled = spec.dataset.sampled_questions()
     questions = pd.DataFrame(question_rows(spec, sampled))
     the_plan = plan(spec, sampled, store_root=store_root)
