@@ -151,7 +151,7 @@ class LLMClient:
 
         async def start() -> None:
             processes = _call_processes(asyncio.get_running_loop())
-            processes.held_from = at_most
+            processes.held_from[self.endpoint] = at_most
             n = min(call_processes_for(self.endpoint.concurrency), at_most or sys.maxsize)
             while len(processes.processes) < n:
                 processes.processes.append(_CallProcess())
@@ -270,15 +270,16 @@ class _CallProcesses:
     def __init__(self) -> None:
         self.processes: list[_CallProcess] = []
         self._shares: dict[tuple[Endpoint, int, int], Endpoint] = {}
-        self.held_from: int | None = None  # processes from this index on take no call yet (start_call_processes)
+        # per endpoint: its processes from this index on take no call yet (LLMClient.start_call_processes)
+        self.held_from: dict[Endpoint, int | None] = {}
 
     async def call(self, ep: Endpoint, req: LLMRequest, cache_key: str, cache_path: str | None,
                    rounds_after: int = 0) -> LLMResponse:
         n = call_processes_for(ep.concurrency)
         while len(self.processes) < n:
             self.processes.append(_CallProcess())
-        # the warm-up starts one process first and holds the others back until its first calls have left
-        usable = range(min(n, self.held_from or n))
+        # the warm-up starts one process first and holds the others back for its endpoint until its first calls left
+        usable = range(min(n, self.held_from.get(ep) or n))
         i = min(usable, key=lambda j: self.processes[j].outstanding)
         return await self.processes[i].call(self._share(ep, i, n), req, cache_key, cache_path, rounds_after)
 
