@@ -104,8 +104,9 @@ _segments: dict[tuple[str, str], Any] = {}
 
 
 def _questions_segment(store: EventStore, segment: str):
-    """A run's questions segment, read once per process: every task of the run asks for it, and a segment never
-    changes (its name is its content's hash), so it is read whole once and each task takes its shard's rows."""
+    """A run's questions segment, read once per process: every task of the run asks for it, and a segment is written
+    once and never changed (named by the hash of its events' ids), so it is read whole once and each task takes its
+    shard's rows."""
     key = (str(store.root), segment)
     with _segments_lock:
         if key not in _segments:
