@@ -262,14 +262,24 @@ class _CallProcess:
                 await self._proc.stdin.drain()
 
 
+# Calls a model-call process may hold beyond its share of the concurrency: queued there, they go out the moment a
+# slot frees, even while task threads hold this process's GIL (128 is ~0.4 s of P1's calls per process). The rest
+# wait here, so the processes finish together: handed out all at once when queued, a shard's calls left one
+# process with ~600 to make alone, 32 in flight, for the last 2 s of P1 while the other idled.
+BACKLOG_PER_CALL_PROCESS = 128
+
+
 class _CallProcesses:
     """One event loop's model-call processes. An endpoint that may have n of them (`call_processes_for`) has its
-    calls spread over the first n: each call goes to the one with the fewest calls outstanding, and each process
-    bounds its share of the endpoint's concurrency, so the shares add up to `Endpoint.concurrency`."""
+    calls spread over the first n: each process bounds its share of the endpoint's concurrency, so the shares add
+    up to `Endpoint.concurrency`; a call is handed to the one with the fewest calls outstanding once some process
+    has fewer than its share plus BACKLOG_PER_CALL_PROCESS. With one process every call goes to it at once: its
+    call gate then orders all the waiting calls (ragledger/call_gate.py)."""
 
     def __init__(self) -> None:
         self.processes: list[_CallProcess] = []
         self._shares: dict[tuple[Endpoint, int, int], Endpoint] = {}
+        self._room: dict[Endpoint, asyncio.Semaphore] = {}  # per endpoint: calls that may be outstanding at once
         # per endpoint: its processes from this index on take no call yet (LLMClient.start_call_processes)
         self.held_from: dict[Endpoint, int | None] = {}
 
@@ -278,10 +288,17 @@ class _CallProcesses:
         n = call_processes_for(ep.concurrency)
         while len(self.processes) < n:
             self.processes.append(_CallProcess())
-        # the warm-up starts one process first and holds the others back for its endpoint until its first calls left
-        usable = range(min(n, self.held_from.get(ep) or n))
-        i = min(usable, key=lambda j: self.processes[j].outstanding)
-        return await self.processes[i].call(self._share(ep, i, n), req, cache_key, cache_path, rounds_after)
+        if n == 1:
+            return await self.processes[0].call(ep, req, cache_key, cache_path, rounds_after)
+        room = self._room.get(ep)
+        if room is None:
+            room = self._room[ep] = asyncio.Semaphore(ep.concurrency + n * BACKLOG_PER_CALL_PROCESS)
+        async with room:
+            # the warm-up starts one process first and holds the others back for its endpoint until its first
+            # calls left
+            usable = range(min(n, self.held_from.get(ep) or n))
+            i = min(usable, key=lambda j: self.processes[j].outstanding)
+            return await self.processes[i].call(self._share(ep, i, n), req, cache_key, cache_path, rounds_after)
 
     def _share(self, ep: Endpoint, i: int, n: int) -> Endpoint:
         """The endpoint as process i of n bounds it: its share of the concurrency (the first ones take the rest)."""

@@ -265,6 +265,33 @@ def test_an_endpoint_allowing_many_requests_in_flight_spreads_them_over_processe
         assert len(set(_call_process_pids())) >= 2
 
 
+def test_calls_wait_here_beyond_a_small_backlog_per_process_so_the_processes_finish_together(monkeypatch):
+    """A burst far larger than the bound is handed out as slots free, not all when queued: no process ever holds
+    more than its share plus BACKLOG_PER_CALL_PROCESS, so none is left alone with the end of a shard."""
+    import asyncio
+
+    from ragledger import llm
+
+    monkeypatch.setattr(llm, "MAX_CALL_PROCESSES", 2)
+    monkeypatch.setattr(llm, "BACKLOG_PER_CALL_PROCESS", 3)
+    with ScriptedServer(answer=lambda s, p, b: p.upper(), delay_s=0.02) as server:
+        c = client(server, concurrency=64)
+        most: list[int] = []
+
+        async def burst():
+            calls = asyncio.gather(*(c.complete(req(prompt=f"b{i}")) for i in range(600)))
+            processes = llm._call_processes(asyncio.get_running_loop()).processes
+            while not calls.done():
+                most.append(max((p.outstanding for p in processes), default=0))
+                await asyncio.sleep(0.005)
+            return await calls
+
+        answers = run_on_engine(burst())
+        assert [a.text for a in answers] == [f"B{i}" for i in range(600)]
+        assert server.calls == 600
+        assert 32 <= max(most) <= 32 + 3, max(most)  # a process's share is 32; queued all at once it would be 300
+
+
 def test_processes_held_back_take_no_call_until_released(monkeypatch):
     """The warm-up starts one model-call process and holds the others back while the JVM starts
     (flows/warmup.py): meanwhile calls stay within the first process's share of the bound (33 of 65); released,
