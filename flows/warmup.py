@@ -18,6 +18,7 @@ and report.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import threading
@@ -140,9 +141,11 @@ def _retrieve_shards(spec: ExperimentSpec, store_root: str, client: LLMClient | 
             try:
                 retriever = retriever_for(spec, name, store_root)
                 # the very first calls wait only for a few questions' retrieval, not the whole shard's (where the
-                # hits are the same either way)
+                # hits are the same either way), and the next few follow before the rest of the shard is retrieved
                 first = FIRST_QUESTIONS if shard is the_plan.shards[0] and retriever.per_query else len(stage.qids)
-                for part in (stage.qids[:first], stage.qids[first:]):
+                n = len(stage.qids)
+                cuts = sorted({0, min(first, n), min(4 * first, n), n})
+                for part in (stage.qids[a:b] for a, b in itertools.pairwise(cuts)):
                     if part:
                         hits.update(_retrieve_and_send(spec, the_plan, stage, shard.id, retriever, questions, part, client,
                                                         results))
