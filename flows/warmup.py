@@ -145,12 +145,11 @@ def _retrieve_shards(spec: ExperimentSpec, store_root: str, client: LLMClient | 
                 first = FIRST_QUESTIONS if shard is the_plan.shards[0] and retriever.per_query else len(stage.qids)
                 n = len(stage.qids)
                 cuts = sorted({0, min(first, n), min(4 * first, n), n})
-                for part in (stage.qids[a:b] for a, b in itertools.pairwise(cuts)):
-                    if part:
-                        hits.update(_retrieve_and_send(spec, the_plan, stage, shard.id, retriever, questions, part, client,
-                                                        results))
-                        if client is not None:  # the first calls left: the other model-call processes now
-                            client.start_call_processes()
+                for a, b in itertools.pairwise(cuts):  # distinct cuts: no part is empty
+                    hits.update(_retrieve_and_send(spec, the_plan, stage, shard.id, retriever, questions,
+                                                    stage.qids[a:b], client, results))
+                    if client is not None:  # the first calls left: the other model-call processes now
+                        client.start_call_processes()
             except BaseException as exc:  # the retrieve task waiting on it retrieves itself
                 prefetched.set_exception(exc)
                 raise

@@ -272,9 +272,10 @@ BACKLOG_PER_CALL_PROCESS = 128
 class _CallProcesses:
     """One event loop's model-call processes. An endpoint that may have n of them (`call_processes_for`) has its
     calls spread over the first n: each process bounds its share of the endpoint's concurrency, so the shares add
-    up to `Endpoint.concurrency`; a call is handed to the one with the fewest calls outstanding once some process
-    has fewer than its share plus BACKLOG_PER_CALL_PROCESS. With one process every call goes to it at once: its
-    call gate then orders all the waiting calls (ragledger/call_gate.py)."""
+    up to `Endpoint.concurrency`. A call waits here while the endpoint's processes together hold the concurrency
+    plus BACKLOG_PER_CALL_PROCESS each, then goes to the usable one with the fewest calls outstanding (with all of
+    them usable, none holds much more than its share plus the backlog). With one process every call goes to it at
+    once: its call gate then orders all the waiting calls (ragledger/call_gate.py)."""
 
     def __init__(self) -> None:
         self.processes: list[_CallProcess] = []
