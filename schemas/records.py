@@ -7,6 +7,7 @@ its payload. `validate_records` is the one gate every batch passes before it is 
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Any, Optional
 
 import pandas as pd
@@ -183,9 +184,8 @@ class RecordValidationError(ValueError):
 def validate_records(kind: str, df: pd.DataFrame) -> pd.DataFrame:
     """Validate a batch against its schema, or raise naming kind, column, check and offending rows. Columns of an
     earlier name (a segment written before the rename) are validated, and returned, under their name now."""
-    model = RECORD_MODELS[kind]
     try:
-        return model.validate(current_names(df), lazy=True)
+        return schema_of(kind).validate(current_names(df), lazy=True)
     except pa.errors.SchemaErrors as exc:
         cases = exc.failure_cases
         lines = [f"{kind}: {len(cases)} schema failure(s); nothing was written"]
@@ -197,11 +197,39 @@ def validate_records(kind: str, df: pd.DataFrame) -> pd.DataFrame:
         raise RecordValidationError("\n".join(lines)) from None
 
 
+_schemas: dict[str, pa.DataFrameSchema] = {}
+_schemas_lock = threading.Lock()
+
+
+def schema_of(kind: str) -> pa.DataFrameSchema:
+    """The pandera schema of a record kind, built once per process. `DataFrameModel.to_schema()` builds one per
+    model and thread (Prefect runs each task on a thread of its pool), and to build one pandera asks whether a field
+    is a Dask, Modin, PySpark or GeoPandas series or index by importing each that is installed: dask.dataframe, 0.7 s
+    of CPU in a run that uses no Dask. These models' fields are pandas series, so the question is answered as
+    pandas' alone while they are built (the schemas are the same either way: tests/test_record_columns.py)."""
+    schema = _schemas.get(kind)
+    if schema is None:
+        import pandera.api.pandas.model as pandas_model
+        from pandera.typing import Index
+
+        pandas_only = {"get_index_types": lambda: {Index}, "get_series_types": lambda: {Series}}
+        with _schemas_lock:
+            saved = {name: getattr(pandas_model, name) for name in pandas_only if hasattr(pandas_model, name)}
+            try:
+                for name in saved:
+                    setattr(pandas_model, name, pandas_only[name])
+                schema = _schemas.setdefault(kind, RECORD_MODELS[kind].to_schema())
+            finally:
+                for name, function in saved.items():
+                    setattr(pandas_model, name, function)
+    return schema
+
+
 def columns_of(kind: str) -> list[str]:
     """Column order of a record kind: its model's `Series` fields, a base class's first, as pandera orders the
     model's schema (tests/test_record_columns.py compares the two for every kind). Read from the annotations rather than
-    from `to_schema()`: pandera imports dask.dataframe to build a schema when dask is installed (~0.5 s), which the
-    first model calls of a run, planned before any record is validated, need not wait for."""
+    from a schema: the first model calls of a run are planned before any record is validated, and need not wait
+    for pandera (`schema_of`)."""
     return list(_columns(RECORD_MODELS[kind]))
 
 

@@ -38,14 +38,14 @@ from pathlib import Path
 import duckdb
 import pandas as pd
 
-from schemas.records import RECORD_MODELS, RENAMED_COLUMNS, columns_of, current_names
+from schemas.records import RECORD_MODELS, RENAMED_COLUMNS, columns_of, current_names, schema_of
 from tracking.events import PROJECTIONS_DIR, EventStore, stable_hash, write_text_atomically
 
 PROJECTION_VERSION = "overlap-2"
 
 
 def _empty_select(kind: str) -> str:
-    model = RECORD_MODELS[kind].to_schema()
+    model = schema_of(kind)
     cols = []
     for name, col in model.columns.items():
         dtype = str(col.dtype)
