@@ -46,12 +46,12 @@ def recall_at_k_curve(retrievals: pd.DataFrame, questions: pd.DataFrame, retriev
 
 
 def plot_recall_curve(curve: pd.DataFrame, path: Path, title: str = "Recall@k") -> Path:
-    import matplotlib
+    # a Figure of its own, without pyplot: pyplot's global figure state is not for the flow's worker threads, and
+    # saving a PNG needs no display backend
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")  # no display; called from flow worker threads
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.subplots()
     for retriever, group in curve.groupby("retriever", sort=False):
         ax.plot(group["k"], group["recall"], marker="o", markersize=3, label=retriever)
     ax.set_xlabel("k (top-k hits)")
@@ -62,5 +62,4 @@ def plot_recall_curve(curve: pd.DataFrame, path: Path, title: str = "Recall@k") 
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
     return path
