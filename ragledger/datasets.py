@@ -17,10 +17,12 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from ragledger.paths import file_identity, resolve_data_path
+
+if TYPE_CHECKING:  # imported by the corpus readers that use it: checking a dataset needs no pandas
+    import pandas as pd
 
 
 class DatasetError(ValueError):
@@ -232,6 +234,8 @@ def load_squad_corpus(paths: list[str]) -> pd.DataFrame:
                 rows.append({"pid": pid, "title": title.replace("_", " "), "text": para.get("context", "")})
     if not rows:
         raise DatasetError(f"corpus files {paths}: no paragraphs found")
+    import pandas as pd
+
     return pd.DataFrame(rows)
 
 
@@ -255,6 +259,8 @@ def load_jsonl_corpus(path: str) -> pd.DataFrame:
         rows.append({"pid": str(pid), "title": str(obj.get("title") or ""), "text": text})
     if not rows:
         raise DatasetError(f"{p}: no passages found")
+    import pandas as pd
+
     return pd.DataFrame(rows)
 
 

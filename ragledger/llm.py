@@ -23,8 +23,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ragledger.hashing import stable_hash
 from ragledger.llm_http import BackendError, ContextOverflow, Endpoint, LLMRequest, LLMResponse, encode, read_message
-from tracking.events import stable_hash
 from tracking.llm_cache import LLMCallCache
 
 T = TypeVar("T")

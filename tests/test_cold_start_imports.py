@@ -36,6 +36,19 @@ def test_the_run_path_imports_nothing_heavy():
     assert heavy_modules_after("import ragledger.cli, flows.experiment, flows.sweep") == []
 
 
+def test_checking_a_spec_imports_no_pandas():
+    """`ragledger run` loads and checks the spec (retriever names, dataset, API key) before its warm-up starts the JVM
+    and reads the corpus (flows/warmup.py); pandas, pyarrow and pandera are imported there, beside the JVM's start,
+    not before it on the way to the first model call."""
+    script = ("import json, sys\n"
+              "from schemas.spec import load_spec\n"
+              "from ragledger.cli_common import preflight\n"
+              "preflight(load_spec('configs/demo.yaml'))\n"
+              "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & {'pandas', 'pyarrow', 'pandera'})))")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, check=True)
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
+
+
 def test_the_semantic_match_imports_no_torch():
     """The evaluate stage's semantic match (and every other embedding) runs the exported ONNX graph with the model's
     own tokenizer: a run never imports torch, transformers or sentence-transformers once the graph is exported

@@ -10,12 +10,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from ragledger.atomic import atomic_path
 from ragledger.hashing import stable_hash
 from ragledger.paths import cache_home, file_identity, resolve_data_path
+
+if TYPE_CHECKING:  # pandas is imported where a corpus is read: the spec's check of retriever names needs none
+    import pandas as pd
 
 log = logging.getLogger(__name__)
 
