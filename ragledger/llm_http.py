@@ -417,6 +417,7 @@ def main() -> None:
     # what the first call needs, imported before it comes (a second on a busy machine): the process is started ahead
     # of the first calls (ragledger/llm.py `start_call_processes`)
     import aiohttp  # noqa: F401
+    import httpcore2  # noqa: F401  (the client's transport imports it, and trio with it, when the first client is made)
     import openai.types.chat  # noqa: F401
 
     import tracking.llm_cache  # noqa: F401
