@@ -5,6 +5,8 @@ benchmark, so what is measured is the client side: ragledger's flow against a ba
 A plain asyncio HTTP/1.1 server (keep-alive, Content-Length bodies) rather than a web framework: at
 640 requests/s on a 2-core machine the server's own CPU cost must stay far below the client's.
 Run: python -m tests.fakes.latency_server --port 8123 --delay 0.1   (prints "ready <port>")
+With `--request-log FILE` it appends one line per completion, "<arrived> <answered>" (time.time()), from which the
+requests in flight at any moment of a run can be counted (docs/performance.md).
 
 `GET /stats` answers {"requests": completions answered, "first_request_at": wall-clock time (time.time()) the
 first completion request arrived, or null}; `POST /stats/reset` starts both afresh. The cold-start benchmark
@@ -18,6 +20,7 @@ import asyncio
 import json
 import re
 import time
+from typing import TextIO
 
 ANSWER_RE = re.compile(r"Question:\s*(.+?)\s*(?:\\n|$)")
 
@@ -41,7 +44,8 @@ def _respond(writer: asyncio.StreamWriter, payload: bytes) -> None:
                  + str(len(payload)).encode() + b"\r\n\r\n" + payload)
 
 
-async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float, stats: dict) -> None:
+async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float, stats: dict,
+                 log: TextIO | None = None) -> None:
     try:
         while True:
             head = await reader.readuntil(b"\r\n\r\n")
@@ -56,10 +60,13 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, del
                 _respond(writer, json.dumps(stats).encode())
                 await writer.drain()
                 continue
+            arrived = time.time()
             if stats["first_request_at"] is None:
-                stats["first_request_at"] = time.time()
+                stats["first_request_at"] = arrived
             await asyncio.sleep(delay)
             stats["requests"] += 1
+            if log is not None:
+                log.write(f"{arrived:.4f} {time.time():.4f}\n")
             _respond(writer, completion_body(body))
             await writer.drain()
     except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
@@ -68,9 +75,9 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, del
         writer.close()
 
 
-async def serve(port: int, delay: float) -> None:
+async def serve(port: int, delay: float, log: TextIO | None = None) -> None:
     stats = {"requests": 0, "first_request_at": None}
-    server = await asyncio.start_server(lambda r, w: handle(r, w, delay, stats), "127.0.0.1", port, backlog=4096,
+    server = await asyncio.start_server(lambda r, w: handle(r, w, delay, stats, log), "127.0.0.1", port, backlog=4096,
                                         limit=2**20)
     print(f"ready {server.sockets[0].getsockname()[1]}", flush=True)
     async with server:
@@ -81,5 +88,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--delay", type=float, default=0.1)
+    parser.add_argument("--request-log", type=argparse.FileType("a", bufsize=1), default=None)
     args = parser.parse_args()
-    asyncio.run(serve(args.port, args.delay))
+    asyncio.run(serve(args.port, args.delay, args.request_log))
