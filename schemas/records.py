@@ -214,14 +214,16 @@ def schema_of(kind: str) -> pa.DataFrameSchema:
 
         pandas_only = {"get_index_types": lambda: {Index}, "get_series_types": lambda: {Series}}
         with _schemas_lock:
-            saved = {name: getattr(pandas_model, name) for name in pandas_only if hasattr(pandas_model, name)}
-            try:
-                for name in saved:
-                    setattr(pandas_model, name, pandas_only[name])
-                schema = _schemas.setdefault(kind, RECORD_MODELS[kind].to_schema())
-            finally:
-                for name, function in saved.items():
-                    setattr(pandas_model, name, function)
+            schema = _schemas.get(kind)  # built by another thread while this one waited for the lock
+            if schema is None:
+                saved = {name: getattr(pandas_model, name) for name in pandas_only if hasattr(pandas_model, name)}
+                try:
+                    for name in saved:
+                        setattr(pandas_model, name, pandas_only[name])
+                    schema = _schemas[kind] = RECORD_MODELS[kind].to_schema()
+                finally:
+                    for name, function in saved.items():
+                        setattr(pandas_model, name, function)
     return schema
 
 

@@ -21,7 +21,7 @@ def test_columns_of_builds_no_schema_and_imports_no_dask():
 
 
 def test_each_kind_has_one_schema_per_process_the_same_as_pandera_builds_and_no_dask_import():
-    # the schema built with pandas' index types alone is the model's own schema, column by column
+    # the schema built with pandas' series and index types alone is the model's own schema, column by column
     code = ("import sys, threading; from schemas.records import RECORD_MODELS, schema_of; "
             "built = {k: schema_of(k) for k in RECORD_MODELS}; other = []; "
             "t = threading.Thread(target=lambda: other.extend(schema_of(k) for k in RECORD_MODELS)); t.start(); t.join(); "

@@ -175,7 +175,7 @@ def run_figures(prefix: str, bare: dict, command_s: float, first_call_s: float, 
 
 def bracketed(before: dict, after: dict) -> dict:
     """The baseline of one run: the mean of the bare loops measured just before and just after it. A 2-core machine
-    shared with others changes speed by the minute (one bare loop took 21 to 29 s within half an hour), and the bare
+    shared with others changes speed by the minute (the bare loop took 20.0 to 30.2 s within an hour), and the bare
     loop, one process on one core, feels it as much as the run; a baseline measured only before would tilt the ratio
     whichever way the machine drifted. `drift`: how far apart the two were, relative to their mean."""
     loop_s, command_s = (before["loop_s"] + after["loop_s"]) / 2, (before["command_s"] + after["command_s"]) / 2
