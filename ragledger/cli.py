@@ -207,6 +207,10 @@ def _answered_from_store(spec: AnySpec, store_root: str) -> dict | None:
     the model endpoint, the JVM and the embedding model. None otherwise (the flow runs as usual)."""
     if os.environ.get("RAGLEDGER_CACHED_ANSWER", "1") == "0":
         return None
+    from ragledger.paths import StoreLayout
+
+    if not StoreLayout.of(store_root).manifests(spec.name):  # a first run, told before the plan imports pandas
+        return None
     from flows.cached import cached_result
     from tracking.mlflow_log import resolve_tracking_uri
     from tracking.mlflow_sync import pending_markers

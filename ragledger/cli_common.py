@@ -35,7 +35,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from ragledger.locations import LocationError
     from ragledger.models import ModelFetchError
     from ragledger.secrets import CredentialsInURL
-    from schemas.records import RecordValidationError
+    from schemas.errors import RecordValidationError
     from schemas.spec import SpecError
     from tracking.diskfull import StoreFullError
     from tracking.mlflow_sync import MlflowLoggingPending

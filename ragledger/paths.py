@@ -73,6 +73,12 @@ class StoreLayout:
     def manifest(self, experiment: str, stamp: str, run_token: str) -> Path:
         return self.runs(experiment) / f"{stamp}-{run_token[:8]}.json"
 
+    def manifests(self, experiment: str) -> list[Path]:
+        """Run manifests of an experiment, oldest first (names start with a UTC timestamp; mtime breaks ties)."""
+        d = self.runs(experiment)
+        files = list(d.glob("*.json")) if d.is_dir() else []
+        return sorted(files, key=lambda p: (p.name[:15], p.stat().st_mtime, p.name))
+
     def recall_curve_dir(self, experiment: str, tag: str) -> Path:
         return self.runs(experiment) / f"recall-{tag}"
 

@@ -14,6 +14,8 @@ import pandas as pd
 import pandera.pandas as pa
 from pandera.typing import Series
 
+from schemas.errors import RecordValidationError
+
 SCHEMA_VERSION = 1
 
 
@@ -175,10 +177,6 @@ def current_names(df: pd.DataFrame) -> pd.DataFrame:
         df = df.drop(columns=[old, new])
         df.insert(min(first, len(df.columns)), new, merged)
     return df
-
-
-class RecordValidationError(ValueError):
-    """A batch of records failed its schema; nothing was written."""
 
 
 def validate_records(kind: str, df: pd.DataFrame) -> pd.DataFrame:

@@ -158,7 +158,7 @@ LAYERS: list[tuple[str, str]] = [
     ("base: answers, hashing, paths, processes, datasets, models, the encoder; record schemas",
      r"^ragledger$|^ragledger\.(answers|atomic|call_gate|cell|crash|datasets|hashing|java|mlflow_server|models|"
      r"onnx_encoder|paths|prefect_env|prefect_server|processes|progress|runlog|secrets|semantic|vector_cache)$|"
-     r"^schemas(\.records)?$"),
+     r"^schemas(\.records|\.errors)?$"),
     ("strategies: readers and retrievers (pure)", r"^tasks$|^tasks\.(readers|retrievers)(\..*)?$"),
     ("the spec (validates reader and retriever names against their registries)", r"^schemas\.spec$"),
     ("store and model client: events, caches, MLflow, queries, analyses; the openai client and the embedded server",

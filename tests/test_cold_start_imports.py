@@ -12,6 +12,7 @@ starts. Timing is measured in tests/benchmarks/test_cold_start.py; these tests c
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import uuid
@@ -36,16 +37,23 @@ def test_the_run_path_imports_nothing_heavy():
     assert heavy_modules_after("import ragledger.cli, flows.experiment, flows.sweep") == []
 
 
-def test_checking_a_spec_imports_no_pandas():
-    """`ragledger run` loads and checks the spec (retriever names, dataset, API key) before its warm-up starts the JVM
-    and reads the corpus (flows/warmup.py); pandas, pyarrow and pandera are imported there, beside the JVM's start,
-    not before it on the way to the first model call."""
-    script = ("import json, sys\n"
-              "from schemas.spec import load_spec\n"
-              "from ragledger.cli_common import preflight\n"
-              "preflight(load_spec('configs/demo.yaml'))\n"
-              "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & {'pandas', 'pyarrow', 'pandera'})))")
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, check=True)
+def test_a_first_run_imports_no_pandas_before_its_warm_up(tmp_path):
+    """`ragledger run` names its user errors, loads and checks the spec (retriever names, dataset, API key), checks
+    where it will write and looks for a cached answer before its warm-up starts the JVM and reads the corpus
+    (flows/warmup.py); pandas, pyarrow and pandera are imported there, beside the JVM's start, not before it on the
+    way to the first model call. The command runs as a user starts it, in an empty directory, stopped where the
+    warm-up would start."""
+    script = ("import json, os, sys\n"
+              "import ragledger.cli as cli\n"
+              "def stop(*args, **kwargs):\n"
+              "    print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & {'pandas', 'pyarrow', 'pandera'})))\n"
+              "    os._exit(0)\n"
+              "cli._start_warm_up = stop\n"
+              f"sys.argv = ['ragledger', 'run', {str(REPO / 'configs' / 'demo.yaml')!r}]\n"
+              "cli.main()\n")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
 
 

@@ -14,6 +14,8 @@ import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
+from ragledger.atomic import atomic_write_text
+
 # what the model-call process (ragledger/llm_http.py) puts before a StoreFullError's text when it sends it back as a
 # failed call: the parent sees only that string (a BackendError), and run_experiment turns it back into the error
 MARKER = "StoreFullError: "
@@ -94,3 +96,11 @@ def as_store_full(exc: BaseException, store_root: str | Path) -> StoreFullError 
     if isinstance(exc, OSError | sqlite3.Error) and is_disk_full(exc, store_root):
         return store_full_error(getattr(exc, "filename", None) or Path(store_root).resolve())
     return None
+
+
+def write_text_atomically(path: Path, text: str) -> None:
+    """Write a small derived file (a projection, a manifest) atomically (ragledger.atomic): readers never see half of
+    it, and a full filesystem is a StoreFullError naming the file, with nothing left behind. Here, not in
+    tracking.events, so that writing a manifest imports no pandas (tracking/mlflow_sync.py)."""
+    with reported_as_store_full(path):
+        atomic_write_text(path, text)

@@ -20,22 +20,17 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ragledger.atomic import atomic_path, atomic_write_text
+from ragledger.atomic import atomic_path
 from ragledger.atomic import temp_path as temp_path  # re-exported: flows/experiment.py imports it from here
 from ragledger.crash import crashpoint
 from ragledger.hashing import stable_hash as stable_hash  # re-exported: ids and keys across tasks/ and flows/
 from ragledger.processes import pid_alive
 from schemas.records import RECORD_MODELS, SCHEMA_VERSION, columns_of, current_names, validate_records
 from tracking.diskfull import reported_as_store_full
+from tracking.diskfull import write_text_atomically as write_text_atomically  # re-exported: projections write with it
 
 # derived, rebuildable views of the segments (overlap sets, cell metrics) live under <store>/projections/
 PROJECTIONS_DIR = "projections"
-
-
-def write_text_atomically(path: Path, text: str) -> None:
-    """Write a small derived file (a projection) atomically (ragledger.atomic): readers never see half of it."""
-    with reported_as_store_full(path):  # a full filesystem: StoreFullError naming the file, nothing left behind
-        atomic_write_text(path, text)
 
 
 CHECKSUM_KEY = b"ragledger.checksum"

@@ -11,15 +11,14 @@ from pathlib import Path
 import pandas as pd
 
 from ragledger.cell import Cell, is_ensemble_retriever
+from ragledger.paths import StoreLayout
 from tracking.analysis import AnalysisError
 from tracking.events import EventStore
 
 
 def manifests(store_root: str | Path, experiment: str) -> list[Path]:
-    """Run manifests of an experiment, oldest first (names start with a UTC timestamp; mtime breaks ties)."""
-    d = Path(store_root) / "runs" / experiment
-    files = list(d.glob("*.json")) if d.is_dir() else []
-    return sorted(files, key=lambda p: (p.name[:15], p.stat().st_mtime, p.name))
+    """Run manifests of an experiment, oldest first (ragledger/paths.py `StoreLayout.manifests`)."""
+    return StoreLayout.of(store_root).manifests(experiment)
 
 
 def latest_execution(store_root: str | Path, experiment: str) -> dict | None:

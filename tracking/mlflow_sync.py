@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tracking.events import write_text_atomically
+from tracking.diskfull import write_text_atomically
 
 PENDING_DIR = "mlflow-pending"
 EXECUTION_TAG = "ragledger.execution"
