@@ -23,6 +23,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -124,15 +125,13 @@ def _retrieve_shards(spec: ExperimentSpec, store_root: str, client: LLMClient | 
     sampled = spec.dataset.sampled_questions()
     questions = pd.DataFrame(question_rows(spec, sampled))
     the_plan = plan(spec, sampled, store_root=store_root)
-    # Prefect's persisted task results, one file per cache key (ragledger/prefect_env.py sets the folder); asking
-    # Prefect itself would import it and start its own ephemeral server, the API not being up yet
-    results = Path(os.environ["PREFECT_LOCAL_STORAGE_PATH"])
+    persisted = _persisted_check(the_plan)
     opening = [the_plan.retrieves[(name, the_plan.shards[0].id)] for name in spec.retrievers] if the_plan.shards else []
-    _start_engines([s.retriever for s in opening if not s.calls_model and not (results / s.key).exists()])
+    _start_engines([s.retriever for s in opening if not s.calls_model and not persisted(s.key)])
     for shard in the_plan.shards if client is not None else the_plan.shards[:1]:
         for name in spec.retrievers:
             stage = the_plan.retrieves[(name, shard.id)]
-            if stage.calls_model or (results / stage.key).exists():
+            if stage.calls_model or persisted(stage.key):
                 continue
             prefetched = claim_prefetch(stage)
             if prefetched is None:  # the flow has started: it retrieves the rest itself
@@ -147,7 +146,7 @@ def _retrieve_shards(spec: ExperimentSpec, store_root: str, client: LLMClient | 
                 cuts = sorted({0, min(first, n), min(4 * first, n), n})
                 for a, b in itertools.pairwise(cuts):  # distinct cuts: no part is empty
                     hits.update(_retrieve_and_send(spec, the_plan, stage, shard.id, retriever, questions,
-                                                    stage.qids[a:b], client, results))
+                                                    stage.qids[a:b], client, persisted))
                     if client is not None:  # the first calls left: the other model-call processes now
                         client.start_call_processes()
             except BaseException as exc:  # the retrieve task waiting on it retrieves itself
@@ -155,6 +154,16 @@ def _retrieve_shards(spec: ExperimentSpec, store_root: str, client: LLMClient | 
                 raise
             prefetched.set_result(hits)
             first_calls_sent.set()
+
+
+def _persisted_check(the_plan: ExperimentPlan) -> Callable[[str], bool]:
+    """Whether the flow will take a stage's result from Prefect's persisted results: one file per cache key, in the
+    folder ragledger/prefect_env.py sets (asking Prefect itself would import it and start its own ephemeral server,
+    the API not being up yet). Those files outlive a deleted store, but the flow runs again every stage whose segment
+    is gone (flows/pipeline.py): with the run's questions segment gone too, none of them counts."""
+    results = Path(os.environ["PREFECT_LOCAL_STORAGE_PATH"])
+    stored = Path(the_plan.questions_segment).exists()
+    return lambda key: stored and (results / key).exists()
 
 
 def _start_engines(names: list[str]) -> None:
@@ -175,7 +184,7 @@ def _start_engines(names: list[str]) -> None:
 
 def _retrieve_and_send(spec: ExperimentSpec, the_plan: ExperimentPlan, stage: RetrieveStage, shard_id: str,
                        retriever: Retriever, questions: pd.DataFrame, qids: list[str], client: LLMClient | None,
-                       results: Path) -> dict[str, list[Hit]]:
+                       persisted: Callable[[str], bool]) -> dict[str, list[Hit]]:
     """Retrieve `qids` of a retrieve stage and send their round-1 calls of every cell on that retriever."""
     import pandas as pd
 
@@ -190,7 +199,7 @@ def _retrieve_and_send(spec: ExperimentSpec, the_plan: ExperimentPlan, stage: Re
     retrievals = pd.DataFrame(retrieval_rows(spec.name, retriever, stage.key, hits), columns=columns_of("retrievals"))
     for cell in the_plan.cells_of(stage.retriever):
         first_round = the_plan.generates[(cell, shard_id)][0]
-        if not (results / first_round.key).exists():
+        if not persisted(first_round.key):
             calls = plan_round(spec, first_round, the_plan.store_root, part, retrievals, {})
             client.send_early([req for *_, req in calls.calls], calls.rounds_after)
     return hits

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -132,6 +133,17 @@ def test_the_warm_up_hands_its_shards_and_early_calls_to_the_flow(workspace, pre
         cold = run_flow({**spec, "tracking": {**spec["tracking"], "store": str(workspace / "store-without-warm-up")}})
         # the second store has no call cache: every call again, as many as with the warm-up
         assert server.calls - warmed_server_calls == warmed_server_calls == warmed["llm_calls"] == cold["llm_calls"]
+        # the first store deleted: Prefect's persisted results remain, but the flow runs every stage again whose
+        # segment is gone, so the warm-up prepares every shard again instead of leaving it all to the flow
+        shutil.rmtree(spec["tracking"]["store"])
+        warm_up(parse_spec(spec), spec["tracking"]["store"], None).join()
+        assert len(tasks.retrieve._prefetched) == shards and len(ragledger.llm._EARLY) == early
+        again = run_flow(spec)
+        assert ragledger.llm._EARLY == {}  # every early call taken over by its generate task
+        tasks.retrieve._prefetched.clear()  # "none" retrieves nothing: its persisted result stands, unclaimed here
+        # (this process's model-call process still holds the deleted store's call cache: hits, not calls)
+        assert again["llm_calls"] + again["cache_hits"] == cold["llm_calls"] + cold["cache_hits"]
+        assert again["cells"] == cold["cells"]
     assert early == warmed["llm_calls"]  # every round-1 call (these readers have one round) went early
     assert warmed["cells"] == cold["cells"]
     assert "start-up" in warmed["stage_seconds"] and "start-up" not in cold["stage_seconds"]
