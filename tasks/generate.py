@@ -37,7 +37,10 @@ def history_by_question(generations: pd.DataFrame) -> dict[str, list[Generation]
     out: dict[str, list[Generation]] = {}
     if generations.empty:
         return out
-    for g in generations.sort_values(["round", "call_index"]).itertuples():
+    # the columns read, not every one: a row's `created_at` alone, made a Timestamp per row, cost more than the rest
+    columns = ["qid", "round", "role", "sample_index", "passage_ids", "output", "parsed_answer", "parse_status", "logprob",
+               *(["answer_prob"] if "answer_prob" in generations else [])]
+    for g in generations.sort_values(["round", "call_index"])[columns].itertuples(index=False):
         out.setdefault(g.qid, []).append(
             Generation(
                 round=int(g.round),

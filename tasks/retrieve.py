@@ -124,6 +124,9 @@ def run_retrieve(run: RunContext, stage: RetrieveStage, base_url: str = "") -> S
 def passages_by_question(retrievals: pd.DataFrame) -> dict[str, list[tuple[str, str]]]:
     """qid -> [(pid, text)] in rank order."""
     out: dict[str, list[tuple[str, str]]] = {}
-    for r in retrievals.sort_values(["qid", "rank"]).itertuples():
-        out.setdefault(r.qid, []).append((r.pid, r.text))
+    ranked = retrievals.sort_values(["qid", "rank"])
+    # three columns as lists, not itertuples: that makes every column of every row a Python object (a Timestamp
+    # per row for `created_at`), 4x the time of the whole function
+    for qid, pid, text in zip(ranked["qid"].tolist(), ranked["pid"].tolist(), ranked["text"].tolist(), strict=True):
+        out.setdefault(qid, []).append((pid, text))
     return out
