@@ -118,7 +118,11 @@ class LLMClient:
         try:
             # a call sent before its task ran (send_early) is taken over as this one's own call
             early = _EARLY.pop(slot, None)
-            response = await (early if early is not None else self._call(loop, req, key, rounds_after))
+            # not sent before: an identical call may have been answered already (two questions of a run with the same
+            # text and passages); its cached answer now, not after every call queued ahead of this one, which left
+            # that question's shard, and its vote and evaluation, to the end of the run
+            cached = self._cached(key) if early is None else None
+            response = cached or await (early if early is not None else self._call(loop, req, key, rounds_after))
         except asyncio.CancelledError:
             future.cancel()
             raise
@@ -138,6 +142,10 @@ class LLMClient:
         self.counters.tokens_in += response.tokens_in
         self.counters.tokens_out += response.tokens_out
         return response
+
+    def _cached(self, key: str) -> LLMResponse | None:
+        hit = self.cache.get(key) if self.cache is not None else None
+        return LLMResponse(**{**hit, "from_cache": True}) if hit is not None else None
 
     def _call(self, loop: asyncio.AbstractEventLoop, req: LLMRequest, key: str,
               rounds_after: int) -> Coroutine[Any, Any, LLMResponse]:

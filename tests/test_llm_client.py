@@ -1,5 +1,11 @@
 """The LLM client against a scripted OpenAI-compatible server (a stand-in for vLLM/OpenAI)."""
 
+import json
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
 import pytest
 
 from ragledger.llm import BackendError, LLMClient, LLMRequest, run_on_engine
@@ -393,3 +399,28 @@ def test_many_connections_opening_a_new_cache_file_at_once_all_succeed(tmp_path)
         assert all(c.get("k") == {"text": "x"} for c in caches)
         for c in caches:
             c.close()
+
+
+def test_a_call_answered_before_does_not_queue_behind_the_calls_in_flight(tmp_path):
+    """Two questions of a run with the same text and passages make the same call. Once it is answered, the second
+    takes the cached answer at once; it used to join the back of the queue (a warm-up's 10,000 calls: its shard,
+    vote and evaluation then finished last). Here 400 calls to a server answering after 1 s, 64 in flight, are
+    queued ahead of it: it must come back before the first of them is answered."""
+    proc = subprocess.Popen([sys.executable, "-m", "tests.fakes.latency_server", "--delay", "1.0"],
+                            stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
+    try:
+        line = proc.stdout.readline().split()
+        assert line and line[0] == "ready", line
+        base_url = f"http://127.0.0.1:{line[1]}"
+        c = LLMClient(Endpoint(base_url=f"{base_url}/v1", model="latency", concurrency=64), backend_identity="fake",
+                      cache=LLMCallCache(tmp_path / "c.sqlite"))
+        assert not run_on_engine(c.complete(req("Question: answered before?"))).from_cache
+        c.send_early([req(f"Question: queued {i}?") for i in range(400)])
+        again = run_on_engine(c.complete(req("Question: answered before?")))
+        with urllib.request.urlopen(f"{base_url}/stats", timeout=10) as r:
+            answered = json.loads(r.read())["requests"]
+        assert again.from_cache and answered == 1, answered  # only the first call: none of the 400 yet
+        assert c.counters.calls == 1 and c.counters.cache_hits == 1
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
