@@ -116,6 +116,20 @@ def _prepare_shards(spec: ExperimentSpec, store_root: str, url: str | None) -> N
 
 
 def _retrieve_shards(spec: ExperimentSpec, store_root: str, client: LLMClient | None) -> None:
+    from ragledger import java
+    from ragledger.paths import StoreLayout
+
+    # this process searches the run's questions once per retriever, then exits: the JVM's compiler is chosen for that
+    limit = spec.dataset.limit
+    java.expect_queries(limit * len(spec.retrievers) if limit else None)
+    # nothing of a first run in this store is persisted: its engines start now, while this thread imports pandas,
+    # reads the dataset and plans (~0.5 s); otherwise once the plan says which retrievals are still to be made
+    first_in_store = not StoreLayout.of(store_root).records("questions", spec.name).exists()
+    if first_in_store:
+        from tasks.retrievers import parse_retriever
+
+        _start_engines([name for name in spec.retrievers if not parse_retriever(name).needs_llm])
+
     import pandas as pd
 
     from flows.plan import plan, question_rows
@@ -126,8 +140,9 @@ def _retrieve_shards(spec: ExperimentSpec, store_root: str, client: LLMClient | 
     questions = pd.DataFrame(question_rows(spec, sampled))
     the_plan = plan(spec, sampled, store_root=store_root)
     persisted = _persisted_check(the_plan)
-    opening = [the_plan.retrieves[(name, the_plan.shards[0].id)] for name in spec.retrievers] if the_plan.shards else []
-    _start_engines([s.retriever for s in opening if not s.calls_model and not persisted(s.key)])
+    if not first_in_store:
+        opening = [the_plan.retrieves[(name, the_plan.shards[0].id)] for name in spec.retrievers] if the_plan.shards else []
+        _start_engines([s.retriever for s in opening if not s.calls_model and not persisted(s.key)])
     for shard in the_plan.shards if client is not None else the_plan.shards[:1]:
         for name in spec.retrievers:
             stage = the_plan.retrieves[(name, shard.id)]
