@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import logging
 import os
 import time
 import uuid
@@ -35,6 +36,7 @@ from ragledger.paths import StoreLayout
 from schemas.spec import ExperimentSpec
 from tasks.closed_book_filter import answered_closed_book
 from tasks.context import corpus_for, retriever_for
+from tasks.evaluate import embed_gold_answers
 from tasks.retrievers import parse_retriever
 from tasks.stages import RetrieveStage, RunContext, Stage, StageResult
 from tracking.diskfull import as_store_full, reported_as_store_full
@@ -44,6 +46,8 @@ from tracking.mlflow_log import preload as preload_mlflow
 from tracking.mlflow_log import resolve_tracking_uri, safe_spec
 from tracking.mlflow_sync import MlflowLoggingPending, publish, sync
 from tracking.readers_table import readers_table, write_readers_table
+
+log = logging.getLogger(__name__)
 
 COUNTERS = ("llm_calls", "cache_hits", "retries", "tokens_in")
 
@@ -174,6 +178,7 @@ class PlanExecution:
         self.votes: dict[tuple[Cell, str], StageResult] = {}
         self.evals: dict[tuple[Cell, str], StageResult] = {}
         self.recall_curve: concurrent.futures.Future | None = None
+        self._answers_embedded: set[str] = set()  # shards whose gold answers were embedded ahead of evaluation
         self._background = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ragledger-analysis")
         # the endpoint starts here (before the pipeline) if some retrieve or generate task must call the model
         self.retrieve_urls = {s.key: use.url_for(s) for s in the_plan.retrieves.values()}
@@ -199,10 +204,21 @@ class PlanExecution:
         self.retrieved[(stage.retriever, sid)] = result
         for cell in self.plan.cells_of(stage.retriever):
             self.generate(cell, sid, 1)
+        evaluations = [self.plan.evaluates[(cell, sid)] for cell in self.plan.cells_of(stage.retriever)]
+        # while the shard's calls are in flight, not after its last answer; not for evaluations Prefect has persisted
+        if sid not in self._answers_embedded and not all(self.use.reusable(e) for e in evaluations):
+            self._answers_embedded.add(sid)
+            self._background.submit(self._embed_gold_answers, stage.qids)
         if len(self.retrieved) == len(self.plan.retrieves):  # the recall curve needs only retrievals: drawn meanwhile
             self.recall_curve = self._background.submit(self.recall_curve_files)
         for later in self.plan.retrievals_after(stage):
             self.retrieve(later)
+
+    def _embed_gold_answers(self, qids: tuple[str, ...]) -> None:
+        try:
+            embed_gold_answers(self.run.questions(self.run.store(), qids))
+        except Exception as exc:  # the shard's evaluation embeds them itself and reports what fails
+            log.debug("gold answers not embedded ahead: %s", exc)
 
     def generate(self, cell: Cell, sid: str, round_no: int) -> None:
         stage = self.plan.generates[(cell, sid)][round_no - 1]

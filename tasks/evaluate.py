@@ -113,6 +113,15 @@ def outcome_rows(
     return rows
 
 
+def embed_gold_answers(questions: pd.DataFrame) -> None:
+    """Embed the gold answers of these questions ahead of their evaluation (the flow does it while their calls are in
+    flight): `outcome_rows` then embeds only the predictions, every vector being kept (ragledger/semantic.py). The
+    evaluations left after a run's last answer are what it waits for at its end."""
+    from ragledger.semantic import embed
+
+    embed(sorted({str(a) for answers in questions["answers"] for a in answers}))
+
+
 def pool_has_correct(candidates: Sequence[str], chosen: str, golds: list[str]) -> bool:
     """Whether the answer pool the vote chose from holds a correct answer (EM); without candidates the pool is
     the chosen answer alone."""

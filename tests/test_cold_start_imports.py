@@ -83,8 +83,11 @@ def test_a_cached_rerun_starts_no_jvm_and_no_embedding_model(workspace, prefect_
         first = run_flow(spec)
         calls = server.calls
 
+        refused: list[str] = []  # what was attempted, also where a background job swallows the error
+
         def refuse(what: str):
             def fail(*args, **kwargs):
+                refused.append(what)
                 raise AssertionError(f"a fully cached rerun {what}")
             return fail
 
@@ -101,6 +104,26 @@ def test_a_cached_rerun_starts_no_jvm_and_no_embedding_model(workspace, prefect_
         assert second["llm_calls"] == 0 and server.calls == calls
         assert second["tasks_from_cache"] == second["tasks_total"]
         assert second["cells"] == first["cells"]
+        assert refused == []
+
+
+def test_gold_answers_are_embedded_while_the_calls_are_in_flight(workspace, prefect_harness, monkeypatch):  # noqa: F811
+    """The flow embeds each shard's gold answers once its retrieval is in, before its evaluation (flows/execute.py
+    `PlanExecution`), so an evaluation after the run's last answer embeds only predictions. Seen here as the gold
+    answers of the questions answered right ("Paris" on bm25@2), which an evaluation alone never embeds (EM decides
+    them), reaching the encoder."""
+    import ragledger.semantic
+    from tests.test_flow_scripted import QUESTIONS
+
+    asked: list[list[str]] = []
+    embed = ragledger.semantic.embed
+    monkeypatch.setattr(ragledger.semantic, "embed", lambda texts: asked.append(list(texts)) or embed(texts))
+    with ScriptedServer(answer=answer_from_context) as server:
+        summary = run_flow(make_spec(workspace, server.base_url))
+    assert any(cell["em"] > 0 for cell in summary["cells"].values())  # some answered right
+    golds = {a for q in QUESTIONS for a in q["answers"]}
+    embedded = {t for texts in asked for t in texts}
+    assert golds <= embedded, golds - embedded
 
 
 def test_the_warm_up_hands_its_shards_and_early_calls_to_the_flow(workspace, prefect_harness, monkeypatch):  # noqa: F811
