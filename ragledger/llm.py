@@ -119,8 +119,8 @@ class LLMClient:
             # a call sent before its task ran (send_early) is taken over as this one's own call
             early = _EARLY.pop(slot, None)
             # not sent before: an identical call may have been answered already (two questions of a run with the same
-            # text and passages); its cached answer now, not after every call queued ahead of this one, which left
-            # that question's shard, and its vote and evaluation, to the end of the run
+            # text and passages); its cached answer now, not after every call queued ahead of this one, which would
+            # leave that question's shard, and its vote and evaluation, to the end of the run
             cached = self._cached(key) if early is None else None
             response = cached or await (early if early is not None else self._call(loop, req, key, rounds_after))
         except asyncio.CancelledError:

@@ -139,8 +139,8 @@ async def _call_with_retries(ep: Endpoint, client: Any, req: LLMRequest, unreach
         _fail_if_unreachable(url, unreachable_for_s, ep.max_retries + 1)
         started = time.perf_counter()
         try:
-            # the body as parsed JSON (`cast_to=object`), not a ChatCompletion model: building that model was ~8 %
-            # of a model-call process's CPU, and only four of its fields are read (`_answer_of`)
+            # the body as parsed JSON (`cast_to=object`), not a ChatCompletion model: building that model is a fifth
+            # of a call's instructions here (docs/performance.md), and only four of its fields are read (`_answer_of`)
             body = await client.post("/chat/completions", body=_chat_body(ep.model, req), cast_to=object)
             text, tokens, tokens_in, tokens_out = _answer_of(body, req.logprobs)
             _UNREACHABLE.pop(url, None)
