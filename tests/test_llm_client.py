@@ -1,5 +1,6 @@
 """The LLM client against a scripted OpenAI-compatible server (a stand-in for vLLM/OpenAI)."""
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -415,12 +416,19 @@ def test_a_call_answered_before_does_not_queue_behind_the_calls_in_flight(tmp_pa
         c = LLMClient(Endpoint(base_url=f"{base_url}/v1", model="latency", concurrency=64), backend_identity="fake",
                       cache=LLMCallCache(tmp_path / "c.sqlite"))
         assert not run_on_engine(c.complete(req("Question: answered before?"))).from_cache
-        c.send_early([req(f"Question: queued {i}?") for i in range(400)])
+        queued = [req(f"Question: queued {i}?") for i in range(400)]
+        c.send_early(queued)
         again = run_on_engine(c.complete(req("Question: answered before?")))
         with urllib.request.urlopen(f"{base_url}/stats", timeout=10) as r:
             answered = json.loads(r.read())["requests"]
         assert again.from_cache and answered == 1, answered  # only the first call: none of the 400 yet
         assert c.counters.calls == 1 and c.counters.cache_hits == 1
+        # the 400 taken over, as a stage task takes its early calls: none is left for another test to find
+        async def take_over() -> list:
+            return await asyncio.gather(*(c.complete(q) for q in queued))
+
+        run_on_engine(take_over())
+        assert c.counters.calls == 401
     finally:
         proc.terminate()
         proc.wait(timeout=10)
