@@ -204,9 +204,9 @@ class PlanExecution:
         self.retrieved[(stage.retriever, sid)] = result
         for cell in self.plan.cells_of(stage.retriever):
             self.generate(cell, sid, 1)
-        evaluations = [self.plan.evaluates[(cell, sid)] for cell in self.plan.cells_of(stage.retriever)]
         # while the shard's calls are in flight, not after its last answer; not for evaluations Prefect has persisted
-        if sid not in self._answers_embedded and not all(self.use.reusable(e) for e in evaluations):
+        if sid not in self._answers_embedded and not all(self.use.reusable(self.plan.evaluates[(cell, sid)])
+                                                         for cell in self.plan.cells_of(stage.retriever)):
             self._answers_embedded.add(sid)
             self._background.submit(self._embed_gold_answers, stage.qids)
         if len(self.retrieved) == len(self.plan.retrieves):  # the recall curve needs only retrievals: drawn meanwhile

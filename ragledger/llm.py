@@ -24,7 +24,16 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ragledger.hashing import stable_hash
-from ragledger.llm_http import BackendError, ContextOverflow, Endpoint, LLMRequest, LLMResponse, encode, read_message
+from ragledger.llm_http import (
+    BackendError,
+    ContextOverflow,
+    Endpoint,
+    LLMRequest,
+    LLMResponse,
+    cached_response,
+    encode,
+    read_message,
+)
 from tracking.llm_cache import LLMCallCache
 
 T = TypeVar("T")
@@ -145,7 +154,7 @@ class LLMClient:
 
     def _cached(self, key: str) -> LLMResponse | None:
         hit = self.cache.get(key) if self.cache is not None else None
-        return LLMResponse(**{**hit, "from_cache": True}) if hit is not None else None
+        return cached_response(hit) if hit is not None else None
 
     def _call(self, loop: asyncio.AbstractEventLoop, req: LLMRequest, key: str,
               rounds_after: int) -> Coroutine[Any, Any, LLMResponse]:

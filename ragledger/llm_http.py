@@ -368,6 +368,11 @@ class _Caches:
         return self._open[path]
 
 
+def cached_response(hit: dict[str, Any]) -> LLMResponse:
+    """A response as the call cache returns it (stored without its `from_cache` flag)."""
+    return LLMResponse(**{**hit, "from_cache": True})
+
+
 CLAIM_POLL_S = 0.1  # how often a call another process is making is looked for in the cache
 
 
@@ -381,7 +386,7 @@ async def cached_call(caches: _Caches, ep: Endpoint, req: LLMRequest, cache_key:
             await asyncio.sleep(CLAIM_POLL_S)
             hit = cache.get(cache_key)
         if hit is not None:
-            return LLMResponse(**{**hit, "from_cache": True})
+            return cached_response(hit)
     try:
         response = await call_endpoint(ep, req, unreachable_for_s, rounds_after)
     except BaseException:
