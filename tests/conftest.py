@@ -47,6 +47,7 @@ SLOW = {
     "tests/test_eor.py::test_cosine_metric_uses_the_bundled_embedding_model",
     "tests/test_eor.py::test_analysis_flow_reports_eor_as_a_cell_on_held_out_questions",
     "tests/test_cli_index.py::test_index_command_builds_bm25_and_dense_once",
+    "tests/test_java_start_cache.py::test_the_start_cache_is_made_with_the_index_and_a_jvm_started_from_it_finds_the_same_hits",
     "tests/test_retrievers.py::test_the_onnx_encoder_gives_sentence_transformers_vectors",
     "tests/test_retrievers.py::test_dense_retrieves_offline_and_caches_the_index",
     "tests/test_llm_client.py::test_calls_in_flight_when_the_model_call_process_dies_fail_by_name_and_the_next_call_starts_a_new_one",

@@ -26,13 +26,23 @@ _lock = threading.Lock()
 
 
 def build_bm25_index(corpus: Corpus, index_root: Path, threads: int = 2, log=print) -> Path:
+    """The corpus's index, built once; and the JVM's start-up cache, trained on it once per machine (ragledger/java.py)."""
     target = index_root / f"bm25-{corpus.corpus_hash}"
-    if (target / COMPLETE_MARKER).exists():
-        return target
+    if not (target / COMPLETE_MARKER).exists():
+        _build(corpus, target, index_root, threads, log)
+    from ragledger.java import keep_start_cache, start_cache_wanted
+
+    if start_cache_wanted():
+        log("preparing the JVM's start-up cache (one time) ...")
+        keep_start_cache(target)
+    return target
+
+
+def _build(corpus: Corpus, target: Path, index_root: Path, threads: int, log) -> None:
     from ragledger.java import ensure_jvm
 
     ensure_jvm()
-    from pyserini.pyclass import autoclass
+    from jnius import autoclass
 
     index_root.mkdir(parents=True, exist_ok=True)
     log(f"building BM25 index over {len(corpus.passages):,} passages (one time) ...")
@@ -53,7 +63,6 @@ def build_bm25_index(corpus: Corpus, index_root: Path, threads: int = 2, log=pri
     finally:
         shutil.rmtree(work, ignore_errors=True)
     log(f"BM25 index ready: {target}")
-    return target
 
 
 def _searcher_class():
@@ -99,11 +108,34 @@ def _searcher(index_dir: Path):
         return _searchers[key]
 
 
-def bm25_batch_search(index_dir: Path, queries: list[Query], k: int, threads: int = 2) -> dict[str, list[tuple[str, float]]]:
-    searcher = _searcher(index_dir)  # starts the JVM (ensure_jvm) before pyserini.pyclass can start a wrong one
-    from pyserini.pyclass import JArrayList
+_array_list_cls = None
 
-    q_list, id_list = JArrayList(), JArrayList()
+
+def _array_list_class():
+    """java.util.ArrayList declared with the constructor and the one method used here, as SimpleSearcher is (a full
+    one already made in this process is used as it is)."""
+    global _array_list_cls
+    with _lock:
+        if _array_list_cls is None:
+            from jnius import JavaClass, JavaMethod, MetaJavaClass
+
+            made = MetaJavaClass.get_javaclass("java/util/ArrayList", classparams=(True, True))
+            if made is None:
+
+                class ArrayList(JavaClass, metaclass=MetaJavaClass):
+                    __javaclass__ = "java/util/ArrayList"
+                    __javaconstructor__ = [("()V", False)]  # noqa: RUF012
+                    add = JavaMethod("(Ljava/lang/Object;)Z")
+
+                made = ArrayList
+            _array_list_cls = made
+        return _array_list_cls
+
+
+def bm25_batch_search(index_dir: Path, queries: list[Query], k: int, threads: int = 2) -> dict[str, list[tuple[str, float]]]:
+    searcher = _searcher(index_dir)  # starts the JVM (ensure_jvm)
+    array_list = _array_list_class()
+    q_list, id_list = array_list(), array_list()
     for q in queries:
         q_list.add(q.text)
         id_list.add(q.qid)
