@@ -55,7 +55,7 @@ def take_started_at() -> float | None:
 
 def stop() -> None:
     """The flow executes its plan: the warm-up claims no further shard and ends after the one it is on."""
-    from tasks.retrieve import close_prefetch
+    from tasks.prefetch import close_prefetch
 
     close_prefetch()
 
@@ -68,7 +68,7 @@ def warm_up(spec: AnySpec, store_root: str, runner: str | None, base_url: str | 
         return None
     if (runner or spec.execution.runner) != "thread" or spec.execution.scheduler_address:
         return None
-    from tasks.retrieve import open_prefetch
+    from tasks.prefetch import open_prefetch
 
     _started_at = time.perf_counter()
     first_calls_sent.clear()
@@ -80,7 +80,13 @@ def warm_up(spec: AnySpec, store_root: str, runner: str | None, base_url: str | 
 
 def _warm_up(spec: ExperimentSpec, store_root: str, base_url: str | None) -> None:
     try:
-        _prepare_shards(spec, store_root, _early_url(spec, base_url))
+        url = _early_url(spec, base_url)
+        if url is not None:  # the first calls go to a model-call process: it imports while the rest starts
+            from ragledger.llm import start_first_call_process
+
+            start_first_call_process()
+        first_in_store = _start_engines_of_a_first_run(spec, store_root)
+        _prepare_shards(spec, store_root, url, first_in_store)
     except Exception as exc:  # the flow does the same work and reports what fails, with its context
         log.debug("warm-up stopped: %s", exc)
     finally:
@@ -99,42 +105,46 @@ def _early_url(spec: ExperimentSpec, base_url: str | None) -> str | None:
     return spec.model.base_url if spec.model.backend != "embedded" and spec.model.base_url else None
 
 
-def _prepare_shards(spec: ExperimentSpec, store_root: str, url: str | None) -> None:
+def _start_engines_of_a_first_run(spec: ExperimentSpec, store_root: str) -> bool:
+    """Whether this is the first run of the experiment in this store, whose search engines then start now, before
+    anything else the warm-up does (the stages' imports, the model-call process, the dataset, the plan: ~1 s on 2
+    cores), since its first retrieval waits for them. Otherwise they start once the plan says which retrievals are
+    still to be made."""
+    from ragledger import java
+    from ragledger.paths import StoreLayout
+    from tasks.retrievers import parse_retriever
+
+    # this process searches the run's questions once per retriever, then exits: the JVM's compiler is chosen for that
+    limit = spec.dataset.limit
+    java.expect_queries(limit * len(spec.retrievers) if limit else None)
+    first_in_store = not StoreLayout.of(store_root).records("questions", spec.name).exists()
+    if first_in_store:
+        _start_engines([name for name in spec.retrievers if not parse_retriever(name).needs_llm])
+    return first_in_store
+
+
+def _prepare_shards(spec: ExperimentSpec, store_root: str, url: str | None, first_in_store: bool) -> None:
     from tasks.context import llm_client_for
 
     client = llm_client_for(spec, url, store_root) if url else None
     if client is None:
-        _retrieve_shards(spec, store_root, None)
+        _retrieve_shards(spec, store_root, None, first_in_store)
         return
     # one model-call process for the first calls, the others once those have left (_retrieve_shards): on 2 cores
     # their imports would share the CPU with the JVM's start and the first retrieval, which the first calls wait for
     client.start_call_processes(at_most=1)
     try:
-        _retrieve_shards(spec, store_root, client)
+        _retrieve_shards(spec, store_root, client, first_in_store)
     finally:  # whatever stopped the warm-up, every model-call process takes calls again
         client.start_call_processes()
 
 
-def _retrieve_shards(spec: ExperimentSpec, store_root: str, client: LLMClient | None) -> None:
-    from ragledger import java
-    from ragledger.paths import StoreLayout
-
-    # this process searches the run's questions once per retriever, then exits: the JVM's compiler is chosen for that
-    limit = spec.dataset.limit
-    java.expect_queries(limit * len(spec.retrievers) if limit else None)
-    # nothing of a first run in this store is persisted: its engines start now, while this thread imports pandas,
-    # reads the dataset and plans (~0.5 s); otherwise once the plan says which retrievals are still to be made
-    first_in_store = not StoreLayout.of(store_root).records("questions", spec.name).exists()
-    if first_in_store:
-        from tasks.retrievers import parse_retriever
-
-        _start_engines([name for name in spec.retrievers if not parse_retriever(name).needs_llm])
-
+def _retrieve_shards(spec: ExperimentSpec, store_root: str, client: LLMClient | None, first_in_store: bool) -> None:
     import pandas as pd
 
     from flows.plan import plan, question_rows
     from tasks.context import retriever_for
-    from tasks.retrieve import claim_prefetch
+    from tasks.prefetch import claim_prefetch
 
     sampled = spec.dataset.sampled_questions()
     questions = pd.DataFrame(question_rows(spec, sampled))

@@ -169,10 +169,7 @@ class LLMClient:
         async def start() -> None:
             processes = _call_processes(asyncio.get_running_loop())
             processes.held_from[self.endpoint] = at_most
-            n = min(call_processes_for(self.endpoint.concurrency), at_most or sys.maxsize)
-            while len(processes.processes) < n:
-                processes.processes.append(_CallProcess())
-            await asyncio.gather(*(p.ensure_started() for p in processes.processes[:n]))
+            await processes.start(min(call_processes_for(self.endpoint.concurrency), at_most or sys.maxsize))
 
         asyncio.run_coroutine_threadsafe(start(), _engine())
 
@@ -301,6 +298,12 @@ class _CallProcesses:
         # per endpoint: its processes from this index on take no call yet (LLMClient.start_call_processes)
         self.held_from: dict[Endpoint, int | None] = {}
 
+    async def start(self, n: int) -> None:
+        """The first n processes started (each once)."""
+        while len(self.processes) < n:
+            self.processes.append(_CallProcess())
+        await asyncio.gather(*(p.ensure_started() for p in self.processes[:n]))
+
     async def call(self, ep: Endpoint, req: LLMRequest, cache_key: str, cache_path: str | None,
                    rounds_after: int = 0) -> LLMResponse:
         n = call_processes_for(ep.concurrency)
@@ -334,6 +337,17 @@ class _CallProcesses:
 def _consume_exception(task: asyncio.Task) -> None:
     if not task.cancelled():
         task.exception()
+
+
+def start_first_call_process() -> None:
+    """Start this process's first model-call process now, before any endpoint's client exists: its imports (openai,
+    aiohttp: ~1 s of CPU) then overlap whatever comes before the first call (flows/warmup.py), rather than following
+    it. A client's calls go to it as to one it started itself. Returns at once."""
+
+    async def start() -> None:
+        await _call_processes(asyncio.get_running_loop()).start(1)
+
+    asyncio.run_coroutine_threadsafe(start(), _engine())
 
 
 def _call_processes(loop: asyncio.AbstractEventLoop) -> _CallProcesses:

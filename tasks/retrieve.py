@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import hashlib
-import threading
 from collections.abc import Iterable
 from typing import Any
 
@@ -16,6 +14,7 @@ from ragledger.crash import crashpoint
 from ragledger.llm import LLMClient, LLMRequest, LLMResponse, run_on_engine
 from schemas.spec import ExperimentSpec
 from tasks.context import llm_client_for, retriever_for
+from tasks.prefetch import take_prefetched
 from tasks.retrievers import Hit, LLMFn, LLMPrompt, Query, Retriever
 from tasks.stages import RetrieveStage, RunContext, StageResult
 from tracking.events import event_id, new_events
@@ -61,49 +60,6 @@ def retrieval_llm(spec: ExperimentSpec, client: LLMClient) -> LLMFn:
 def queries_of(questions: Iterable[Any]) -> list[Query]:
     """Retriever queries from question records (stored rows, or the rows about to be stored)."""
     return [Query(q["qid"], q["question"], tuple(q["gold_pids"]), tuple(q["answers"])) for q in questions]
-
-
-# Shards retrieved before the flow's tasks ran (flows/warmup.py): stage key -> a future of its hits, filled by the
-# warm-up and taken once by that stage's task instead of searching again. Claims are taken only between open_prefetch
-# and close_prefetch (the flow starting), so a retrieve task either finds its shard claimed and waits for it, or
-# retrieves it alone: never both at once.
-_prefetched: dict[str, concurrent.futures.Future] = {}
-_prefetch_open = False
-_prefetch_lock = threading.Lock()
-
-
-def open_prefetch() -> None:
-    global _prefetch_open
-    with _prefetch_lock:
-        _prefetched.clear()
-        _prefetch_open = True
-
-
-def close_prefetch() -> None:
-    global _prefetch_open
-    with _prefetch_lock:
-        _prefetch_open = False
-
-
-def claim_prefetch(stage: RetrieveStage) -> concurrent.futures.Future | None:
-    """A future for the hits of `stage`, for the warm-up to fill; None once the flow has started."""
-    with _prefetch_lock:
-        if not _prefetch_open or stage.key in _prefetched:
-            return None
-        future = _prefetched[stage.key] = concurrent.futures.Future()
-        return future
-
-
-def take_prefetched(stage: RetrieveStage) -> dict[str, list[Hit]] | None:
-    """The hits the warm-up retrieved for `stage` (waiting for them if it is on it), or None."""
-    with _prefetch_lock:
-        future = _prefetched.pop(stage.key, None)
-    if future is None:
-        return None
-    try:
-        return future.result()
-    except Exception:  # the warm-up failed on it: the task retrieves and meets the error itself
-        return None
 
 
 def run_retrieve(run: RunContext, stage: RetrieveStage, base_url: str = "") -> StageResult:

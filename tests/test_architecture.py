@@ -163,7 +163,7 @@ LAYERS: list[tuple[str, str]] = [
     ("the spec (validates reader and retriever names against their registries)", r"^schemas\.spec$"),
     ("store and model client: events, caches, MLflow, queries, analyses; the openai client and the embedded server",
      r"^tracking(\..*)?$|^ragledger\.(llm|llm_http|embedded)$"),
-    ("stages", r"^tasks\.(closed_book_filter|context|evaluate|generate|retrieval_eval|retrieve|stages|vote)$"),
+    ("stages", r"^tasks\.(closed_book_filter|context|evaluate|generate|prefetch|retrieval_eval|retrieve|stages|vote)$"),
     ("flows", r"^flows(\..*)?$"),
     ("command line", r"^ragledger\.(cli|cli_analysis|cli_common|cli_ops|cli_share|locations|spec_doc|trace)$"),
 ]

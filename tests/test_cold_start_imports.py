@@ -135,7 +135,7 @@ def test_the_warm_up_hands_its_shards_and_early_calls_to_the_flow(workspace, pre
     shard's first 16 questions are."""
     import flows.warmup
     import ragledger.llm
-    import tasks.retrieve
+    import tasks.prefetch
     from flows.warmup import take_started_at, warm_up
     from schemas.spec import parse_spec
 
@@ -143,15 +143,15 @@ def test_the_warm_up_hands_its_shards_and_early_calls_to_the_flow(workspace, pre
         spec = make_spec(workspace, server.base_url)
         monkeypatch.setattr(flows.warmup, "FIRST_QUESTIONS", 1)
         warm_up(parse_spec(spec), spec["tracking"]["store"], None).join()  # not stopped: it prepares every shard
-        shards = len(tasks.retrieve._prefetched)
+        shards = len(tasks.prefetch._prefetched)
         assert shards == 3 * 2  # 5 questions in shards of 2, for bm25@2 and none
         early = len(ragledger.llm._EARLY)
         assert early > 0
         warmed = run_flow(spec)
-        assert tasks.retrieve._prefetched == {} and ragledger.llm._EARLY == {}  # each taken by its own task
+        assert tasks.prefetch._prefetched == {} and ragledger.llm._EARLY == {}  # each taken by its own task
         warmed_server_calls = server.calls
         assert warm_up(parse_spec(spec), spec["tracking"]["store"], None).join() is None
-        assert tasks.retrieve._prefetched == {} and ragledger.llm._EARLY == {}  # all persisted: nothing to prepare
+        assert tasks.prefetch._prefetched == {} and ragledger.llm._EARLY == {}  # all persisted: nothing to prepare
         take_started_at()  # that warm-up's run is not run here
         cold = run_flow({**spec, "tracking": {**spec["tracking"], "store": str(workspace / "store-without-warm-up")}})
         # the second store has no call cache: every call again, as many as with the warm-up
@@ -160,10 +160,10 @@ def test_the_warm_up_hands_its_shards_and_early_calls_to_the_flow(workspace, pre
         # segment is gone, so the warm-up prepares every shard again instead of leaving it all to the flow
         shutil.rmtree(spec["tracking"]["store"])
         warm_up(parse_spec(spec), spec["tracking"]["store"], None).join()
-        assert len(tasks.retrieve._prefetched) == shards and len(ragledger.llm._EARLY) == early
+        assert len(tasks.prefetch._prefetched) == shards and len(ragledger.llm._EARLY) == early
         again = run_flow(spec)
         assert ragledger.llm._EARLY == {}  # every early call taken over by its generate task
-        tasks.retrieve._prefetched.clear()  # "none" retrieves nothing: its persisted result stands, unclaimed here
+        tasks.prefetch._prefetched.clear()  # "none" retrieves nothing: its persisted result stands, unclaimed here
         # (this process's model-call process still holds the deleted store's call cache: hits, not calls)
         assert again["llm_calls"] + again["cache_hits"] == cold["llm_calls"] + cold["cache_hits"]
         assert again["cells"] == cold["cells"]
