@@ -81,8 +81,11 @@ def ensure_jvm() -> None:
 
 
 # the options every ragledger JVM starts with (a start-up cache is recorded under them); the compiler level is not
-# one of them: a cache serves either. --sun-misc-unsafe-memory-access quiets Lucene's warnings on Java 24+
-JVM_OPTIONS = ("-Xmx4g", "--sun-misc-unsafe-memory-access=allow", "--enable-native-access=ALL-UNNAMED")
+# one of them: a cache serves either. --sun-misc-unsafe-memory-access quiets Lucene's warnings on Java 24+, the logging
+# configuration Lucene's notice about its own age, and slf4j's verbosity its line naming its logging provider
+JVM_OPTIONS = ("-Xmx4g", "--sun-misc-unsafe-memory-access=allow", "--enable-native-access=ALL-UNNAMED",
+               f"-Djava.util.logging.config.file={Path(__file__).with_name('java_logging.properties')}",
+               "-Dslf4j.internal.verbosity=WARN")
 START_CACHE_VERSION = "1"  # the training recipe below: a new one names a new file
 # the training run's queries: any few will do, the classes a search loads are the same
 TRAINING_QUERIES = ("who founded the university", "what is the capital of france", "when did the war end")

@@ -159,6 +159,9 @@ def test_kill_9_at_five_points_then_resume_gives_the_uninterrupted_result(tmp_pa
     with ScriptedServer(answer=reader, delay_s=0.02) as clean_server:
         proc = cli(clean_ws, "run", str(write_spec(clean_ws, clean_server.base_url)))
         assert proc.returncode == 0, proc.stderr
+    # a first run in a new directory (a new index, a new MLflow store) says nothing of its libraries' bookkeeping
+    for noise in ("INFO mlflow", "MMapDirectory", "SLF4J("):
+        assert noise not in proc.stdout + proc.stderr, (noise, proc.stdout[-2000:], proc.stderr[-2000:])
     expected = outcome_table(clean_ws)
     assert len(expected) == 2 * 24
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import math
 import os
 import re
@@ -75,6 +76,8 @@ def _sqlite_init_lock(tracking_uri: str) -> Iterator[None]:
     if not tracking_uri.startswith("sqlite:///"):
         yield
         return
+    # MLflow says at INFO on the terminal that it creates and updates a new store's tables: its own bookkeeping
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
     db = Path(tracking_uri.removeprefix("sqlite:///"))
     db.parent.mkdir(parents=True, exist_ok=True)
     with open(db.with_name(db.name + ".init.lock"), "w") as lock:
