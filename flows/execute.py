@@ -470,8 +470,12 @@ def run_experiment(spec_dict: dict, store_root: str, base_url: str | None = None
                    runner: str | None = None, workers: int | None = None, scheduler_address: str | None = None) -> dict:
     """Run the flow with the runner the spec asks for, unless runner/workers/scheduler_address override it."""
     execution = ExperimentSpec.model_validate(spec_dict).execution
-    task_runner = task_runner_for(runner or execution.runner, workers or execution.workers,
-                                  scheduler_address or execution.scheduler_address)
+    scheduler_address = scheduler_address or execution.scheduler_address
+    task_runner = task_runner_for(runner or execution.runner, workers or execution.workers, scheduler_address)
+    if task_runner is not None and scheduler_address:  # workers that outlive runs: events to this run's server
+        from flows.dask_workers import ready_long_lived_workers
+
+        ready_long_lived_workers(scheduler_address)
     flow_fn = experiment_flow if task_runner is None else experiment_flow.with_options(task_runner=task_runner)
     try:
         with without_default_heartbeats():

@@ -30,6 +30,7 @@ SLOW = {
     "tests/test_reliability.py::test_backend_down_is_a_clear_error_and_resumable",
     "tests/test_reliability.py::test_store_verify_names_a_damaged_segment",
     "tests/test_operations.py::test_dask_runner_gives_the_default_runners_outcomes",
+    "tests/test_operations.py::test_a_long_lived_dask_cluster_sends_each_runs_task_events_to_that_runs_prefect_server",
     "tests/test_operations.py::test_a_scheduled_deployment_fires_and_its_mlflow_runs_appear",
     "tests/test_operations.py::test_a_killed_commands_temporary_prefect_server_dies_with_it",
     "tests/test_sweep.py::test_run_a_sweep_from_one_command",

@@ -165,3 +165,67 @@ def test_compose_stack_is_local_first_and_holds_no_secret():
     assert "--max-num-seqs ${VLLM_MAX_SEQS:-64}" in text
     vllm_spec = yaml.safe_load((repo / "configs" / "vllm.yaml").read_text())
     assert vllm_spec["model"]["concurrency"] == 64  # matches the recipe's max concurrent sequences
+
+
+CLUSTER_SCRIPT = """
+import sys
+from distributed import LocalCluster
+
+cluster = LocalCluster(n_workers=2, threads_per_worker=4, processes=True, dashboard_address=None)
+print(cluster.scheduler_address, flush=True)
+sys.stdin.read()  # until the test closes it
+cluster.close()
+"""
+
+
+def test_a_long_lived_dask_cluster_sends_each_runs_task_events_to_that_runs_prefect_server(tmp_path):
+    """flows/dask_workers.py. Two runs on one long-lived cluster of 2 workers (`--scheduler`): the first with its
+    temporary Prefect server, gone when it ends; the second with the directory's `ragledger server`. Task runs
+    report their states as events: every task run of the second reaches that server Completed, and no worker tries
+    the first run's server (without the fix, Prefect's one events worker per process kept the first server's URL)."""
+    import urllib.request
+
+    make_data(tmp_path, 8)
+    prefect_home = tmp_path / ".ragledger" / "prefect"
+    env = _env(tmp_path) | {"RAGLEDGER_ENDPOINT_PROCESSES": "2", "PREFECT_HOME": str(prefect_home),
+                            "PREFECT_LOCAL_STORAGE_PATH": str(prefect_home / "storage")}
+    with open(tmp_path / "cluster.log", "w") as log:
+        cluster = subprocess.Popen([sys.executable, "-c", CLUSTER_SCRIPT], cwd=tmp_path, env=env, stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, stderr=log, text=True)
+    port = _free_port()
+    try:
+        address = cluster.stdout.readline().strip()
+        assert address.startswith("tcp://"), (tmp_path / "cluster.log").read_text()[-3000:]
+        with ScriptedServer(answer=reader) as server:
+            spec = str(write_spec(tmp_path, server.base_url))
+            first = cli(tmp_path, "run", spec, "--scheduler", address, "--store", "first")
+            assert first.returncode == 0, first.stderr[-3000:]
+            started = cli(tmp_path, "server", "start", "--port", str(port), timeout=400)
+            assert started.returncode == 0, started.stdout + started.stderr
+            second = cli(tmp_path, "run", spec, "--scheduler", address, "--store", "second", "--json",
+                         str(tmp_path / "second.json"))
+            assert second.returncode == 0, second.stderr[-3000:]
+        summary = json.loads((tmp_path / "second.json").read_text())
+        assert summary["task_processes"] == 2 and summary["tasks_total"] > 0
+
+        def task_run_states() -> list[str]:
+            """The states of the run's stage tasks (run on the workers) as its Prefect server knows them."""
+            body = json.dumps({"flow_runs": {"id": {"any_": [summary["flow_run_id"]]}}}).encode()
+            request = urllib.request.Request(f"http://127.0.0.1:{port}/api/task_runs/filter", data=body, method="POST",
+                                             headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                return [run["state"]["type"] for run in json.loads(answer.read()) if run["name"] != "log-to-mlflow"
+                        and not run["name"].startswith("log-to-mlflow-")]
+
+        deadline, states = time.monotonic() + 60, []
+        while time.monotonic() < deadline:  # the server takes the events in as they come
+            states = task_run_states()
+            if len(states) == summary["tasks_total"] and set(states) == {"COMPLETED"}:
+                break
+            time.sleep(2)
+        assert len(states) == summary["tasks_total"] and set(states) == {"COMPLETED"}, states
+    finally:
+        cluster.stdin.close()
+        cluster.wait(timeout=120)
+        cli(tmp_path, "server", "stop")
+    assert "Unable to connect" not in (tmp_path / "cluster.log").read_text()
