@@ -298,17 +298,20 @@ class _CallProcesses:
         # per endpoint: its processes from this index on take no call yet (LLMClient.start_call_processes)
         self.held_from: dict[Endpoint, int | None] = {}
 
-    async def start(self, n: int) -> None:
-        """The first n processes started (each once)."""
+    def _at_least(self, n: int) -> list[_CallProcess]:
+        """The first n processes, made (not started) as needed."""
         while len(self.processes) < n:
             self.processes.append(_CallProcess())
-        await asyncio.gather(*(p.ensure_started() for p in self.processes[:n]))
+        return self.processes[:n]
+
+    async def start(self, n: int) -> None:
+        """The first n processes started (each once)."""
+        await asyncio.gather(*(p.ensure_started() for p in self._at_least(n)))
 
     async def call(self, ep: Endpoint, req: LLMRequest, cache_key: str, cache_path: str | None,
                    rounds_after: int = 0) -> LLMResponse:
         n = call_processes_for(ep.concurrency)
-        while len(self.processes) < n:
-            self.processes.append(_CallProcess())
+        self._at_least(n)
         if n == 1:
             return await self.processes[0].call(ep, req, cache_key, cache_path, rounds_after)
         room = self._room.get(ep)

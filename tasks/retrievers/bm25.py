@@ -20,7 +20,7 @@ from tasks.retrievers.base import Corpus, Hit, LLMFn, Query, Retriever
 BM25_K1 = 0.9  # Anserini/Pyserini defaults
 BM25_B = 0.4
 _searchers: dict[str, object] = {}
-_searcher_cls = None
+_declared: dict[str, type] = {}  # Java class name -> its pyjnius class (_declared_class)
 SEARCHER_CLASS = "io/anserini/search/SimpleSearcher"
 _lock = threading.Lock()
 
@@ -65,36 +65,38 @@ def _build(corpus: Corpus, target: Path, index_root: Path, threads: int, log) ->
     log(f"BM25 index ready: {target}")
 
 
-def _searcher_class():
-    """Anserini's SimpleSearcher, the JVM started for it (ensure_jvm), declared with just the three members used
-    here. pyjnius' autoclass would reflect every method of the class and its superclasses into Python objects: 0.64 s
-    holding the GIL, measured, on the way to a run's first model call; the declaration takes a few milliseconds
-    (tests/test_retrievers.py checks its hits against pyserini's own LuceneSearcher). pyjnius keeps one class per Java
-    class name: a full one already made (pyserini.search.lucene imported first) is used as it is, and after this
-    declaration an autoclass of SimpleSearcher in this process gets these three members only. ragledger never
-    imports pyserini.search.lucene (it imports torch); a test comparing with it does so in another process."""
-    global _searcher_cls
+def _declared_class(java_name: str, constructor: str, **methods: str) -> type:
+    """A Java class declared to pyjnius with one constructor and the named methods (JNI signatures), once per process,
+    the JVM started for it (ensure_jvm). pyjnius' autoclass would reflect every method of the class and its
+    superclasses into Python objects: 0.64 s holding the GIL for SimpleSearcher, measured, on the way to a run's first
+    model call; a declaration takes a few milliseconds. pyjnius keeps one class per Java class name: a full one
+    already made in this process is used as it is, and after a declaration an autoclass of that class in this process
+    gets the declared members only."""
     with _lock:
-        if _searcher_cls is None:
+        if java_name not in _declared:
             from ragledger.java import ensure_jvm
 
             ensure_jvm()
             from jnius import JavaClass, JavaMethod, MetaJavaClass
 
-            made = MetaJavaClass.get_javaclass(SEARCHER_CLASS, classparams=(True, True))
-            if made is not None:
-                _searcher_cls = made
-                return made
+            made = MetaJavaClass.get_javaclass(java_name, classparams=(True, True))
+            if made is None:
+                namespace = {"__module__": __name__, "__javaclass__": java_name,
+                             "__javaconstructor__": [(constructor, False)],
+                             **{name: JavaMethod(signature) for name, signature in methods.items()}}
+                made = MetaJavaClass(java_name.rsplit("/", 1)[-1], (JavaClass,), namespace)
+            _declared[java_name] = made
+        return _declared[java_name]
 
-            class SimpleSearcher(JavaClass, metaclass=MetaJavaClass):
-                __javaclass__ = SEARCHER_CLASS
-                __javaconstructor__ = [("(Ljava/lang/String;)V", False)]  # noqa: RUF012  (SimpleSearcher(String indexDir))
-                set_bm25 = JavaMethod("(FF)V")  # setBM25(float k1, float b)
-                # batch_search(List<String> queries, List<String> qids, int k, int threads): Map<String, ScoredDoc[]>
-                batch_search = JavaMethod("(Ljava/util/List;Ljava/util/List;II)Ljava/util/Map;")
 
-            _searcher_cls = SimpleSearcher
-        return _searcher_cls
+def _searcher_class():
+    """Anserini's SimpleSearcher with the three members used here (tests/test_retrievers.py checks its hits against
+    pyserini's own LuceneSearcher). ragledger never imports pyserini.search.lucene (it imports torch, and would make a
+    full class first); a test comparing with it does so in another process."""
+    return _declared_class(SEARCHER_CLASS, "(Ljava/lang/String;)V",  # SimpleSearcher(String indexDir)
+                           set_bm25="(FF)V",  # setBM25(float k1, float b)
+                           # batch_search(List<String> queries, List<String> qids, int k, int threads): Map<String, ScoredDoc[]>
+                           batch_search="(Ljava/util/List;Ljava/util/List;II)Ljava/util/Map;")
 
 
 def _searcher(index_dir: Path):
@@ -108,33 +110,9 @@ def _searcher(index_dir: Path):
         return _searchers[key]
 
 
-_array_list_cls = None
-
-
-def _array_list_class():
-    """java.util.ArrayList declared with the constructor and the one method used here, as SimpleSearcher is (a full
-    one already made in this process is used as it is)."""
-    global _array_list_cls
-    with _lock:
-        if _array_list_cls is None:
-            from jnius import JavaClass, JavaMethod, MetaJavaClass
-
-            made = MetaJavaClass.get_javaclass("java/util/ArrayList", classparams=(True, True))
-            if made is None:
-
-                class ArrayList(JavaClass, metaclass=MetaJavaClass):
-                    __javaclass__ = "java/util/ArrayList"
-                    __javaconstructor__ = [("()V", False)]  # noqa: RUF012
-                    add = JavaMethod("(Ljava/lang/Object;)Z")
-
-                made = ArrayList
-            _array_list_cls = made
-        return _array_list_cls
-
-
 def bm25_batch_search(index_dir: Path, queries: list[Query], k: int, threads: int = 2) -> dict[str, list[tuple[str, float]]]:
     searcher = _searcher(index_dir)  # starts the JVM (ensure_jvm)
-    array_list = _array_list_class()
+    array_list = _declared_class("java/util/ArrayList", "()V", add="(Ljava/lang/Object;)Z")
     q_list, id_list = array_list(), array_list()
     for q in queries:
         q_list.add(q.text)
