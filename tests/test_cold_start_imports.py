@@ -47,8 +47,9 @@ def test_a_first_run_imports_no_pandas_before_its_warm_up(tmp_path):
     script = ("import json, os, sys\n"
               "import ragledger.cli as cli\n"
               "def stop(*args, **kwargs):\n"
-              "    print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & {'pandas', 'pyarrow', 'pandera'})))\n"
-              "    os._exit(0)\n"
+              "    heavy = {m.split('.')[0] for m in sys.modules} & {'pandas', 'pyarrow', 'pandera'}\n"
+              "    print(json.dumps(sorted(heavy)), flush=True)\n"
+              "    os._exit(0)  # skips the interpreter's flush: the line above flushes itself (stdout is a pipe)\n"
               "cli._start_warm_up = stop\n"
               f"sys.argv = ['ragledger', 'run', {str(REPO / 'configs' / 'demo.yaml')!r}]\n"
               "cli.main()\n")
