@@ -20,6 +20,7 @@ import functools
 import json
 import os
 import threading
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -59,6 +60,14 @@ def export_graph() -> Path:
     target = graph_path()
     if target.exists():
         return target
+    with warnings.catch_warnings():
+        # torch's tracer and exporter warn about traced control flow and deprecated options; what the graph computes
+        # is checked against sentence-transformers' own vectors (tests/test_retrievers.py), not by these notices
+        warnings.simplefilter("ignore")
+        return _export(target)
+
+
+def _export(target: Path) -> Path:
     import torch
 
     model = sentence_transformer()
