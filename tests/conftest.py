@@ -1,6 +1,12 @@
 from __future__ import annotations
 
+import atexit
+import functools
 import os
+import socket
+import subprocess
+import tempfile
+import uuid
 from pathlib import Path
 
 import pytest
@@ -55,12 +61,35 @@ SLOW = {
 }
 
 
+# The tiers (bash infra/test.sh): --fast runs neither these nor SLOW; the default tier (.ci/run) checks every
+# guarantee once, at the smallest size that can still fail, and leaves these out; --all runs them too. Each entry
+# says what the default tier checks in its place. Same form as SLOW.
+EXTENDED = {
+    "tests/test_vllm_server.py",  # vLLM's CPU build (installed by --all): the openai dialects replayed in test_server_dialects
+    "tests/test_soak.py",  # 20 experiments four at a time: test_reliability.py -k four_experiments
+    "tests/test_mlflow_ui_browser.py",  # headless Chromium: MLflow runs read back in test_integration_embedded.py
+    "tests/test_report_browser.py",  # headless Chromium: the report's tables in test_analysis_cli.py
+    "tests/test_operations.py::test_dask_runner_gives_the_default_runners_outcomes",  # Dask: the thread runner
+    "tests/test_operations.py::test_a_long_lived_dask_cluster_sends_each_runs_task_events_to_that_runs_prefect_server",
+    "tests/test_operations.py::test_a_scheduled_deployment_fires_and_its_mlflow_runs_appear",  # Prefect's scheduler
+    # two machines through MLflow on PostgreSQL, analyse, trace, extend: the pull over PostgreSQL and a rerun from a
+    # pulled store making no call are in test_mlflow_pull.py
+    "tests/test_two_machines.py",
+}
+
+
+def _listed(nodeid: str, names: set[str]) -> bool:
+    test = nodeid.split("[")[0]
+    return test in names or test.split("::")[0] in names
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        test = item.nodeid.split("[")[0]
-        if test in SLOW or test.split("::")[0] in SLOW:
+        if _listed(item.nodeid, SLOW):
             item.add_marker(pytest.mark.slow)
+        if _listed(item.nodeid, EXTENDED):
+            item.add_marker(pytest.mark.extended)
 
 
 @pytest.fixture
@@ -94,3 +123,86 @@ def _no_leaked_mlflow_uri():
         os.environ.pop("MLFLOW_TRACKING_URI", None)
     else:
         os.environ["MLFLOW_TRACKING_URI"] = before
+
+
+EMBEDDED_MODEL = "qwen2.5-0.5b-instruct-q4km"
+
+
+@pytest.fixture(scope="session")
+def embedded_servers(tmp_path_factory) -> str:
+    """One pair of embedded llama.cpp servers for the whole pytest run, plain and with log-probabilities, as the
+    value of RAGLEDGER_EMBEDDED_SERVERS (ragledger/embedded.py `attached_endpoints`). The real-model tests that do
+    not test the embedded backend's own start and stop use them (`shared_embedded`); each start loads the model and
+    answers a first completion, and a stopped server's test would only repeat that."""
+    from ragledger.embedded import attach_value, embedded_server, llama_server_available
+
+    assert llama_server_available(), "llama-cpp-python[server] missing: run bash infra/setup.sh"
+    logs = tmp_path_factory.mktemp("embedded-servers")
+    quiet = lambda *args, **kwargs: None  # noqa: E731
+    with (embedded_server(EMBEDDED_MODEL, log_dir=logs, log=quiet) as plain,
+          embedded_server(EMBEDDED_MODEL, log_dir=logs, log=quiet, logits_all=True) as logprobs):
+        yield attach_value(EMBEDDED_MODEL, 4096, plain, logprobs)
+
+
+@pytest.fixture
+def shared_embedded(embedded_servers, monkeypatch) -> str:
+    """Runs of this test with `backend: embedded` (CLI subprocesses included) use the shared servers."""
+    from ragledger.embedded import ATTACH_ENV
+
+    monkeypatch.setenv(ATTACH_ENV, embedded_servers)
+    return embedded_servers
+
+
+PG_PASSWORD = "pg-Secret-" + uuid.uuid4().hex[:10]  # given to the server only through its environment
+
+
+@pytest.fixture(scope="session")
+def mlflow_postgres(tmp_path_factory):
+    """One MLflow tracking server on PostgreSQL (infra/mlflow_server.sh, a fresh database) for the tests that do not
+    stop it, each logging its own experiment; yields (url, the server's folder). tests/test_mlflow_pending.py starts
+    its own, which it stops and starts."""
+    from ragledger.mlflow_server import MlflowServerError, PgSettings, drop_database, ensure_database
+
+    server_dir = tmp_path_factory.mktemp("mlflow-server")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    db = f"ragledger_test_{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "RAGLEDGER_PG_DB": db, "RAGLEDGER_PG_PASSWORD": PG_PASSWORD,
+           "RAGLEDGER_MLFLOW_PORT": str(port), "RAGLEDGER_MLFLOW_SERVER_DIR": str(server_dir)}
+    pg = PgSettings(database=db)
+    try:
+        ensure_database(pg)
+    except MlflowServerError as exc:
+        pytest.fail(f"{exc}: these tests need PostgreSQL on 127.0.0.1:5432 (started on this machine kind; "
+                    "start it with: pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start)")
+    script = [str(REPO / "infra" / "mlflow_server.sh")]
+    started = subprocess.run(["bash", *script, "start"], env=env, capture_output=True, text=True, timeout=300)
+    assert started.returncode == 0, started.stdout + started.stderr
+    try:
+        yield f"http://127.0.0.1:{port}", server_dir
+    finally:
+        subprocess.run(["bash", *script, "stop"], env=env, capture_output=True, text=True, timeout=60)
+        drop_database(pg)
+
+
+@functools.cache
+def shared_prefect_api() -> str:
+    """One Prefect API server for the CLI runs of this pytest run (tests/test_reliability.py `cli`), started on first
+    use and ended with pytest. A command without PREFECT_API_URL starts its own temporary server on a new SQLite
+    database (ragledger/prefect_server.py), which costs ~10 s of a tiny run's ~22 s on 2 cores; the tests of that
+    path start their own (`cli(..., own_prefect=True)`, tests/test_integration_embedded.py, tests/test_operations.py).
+    Each command keeps its own PREFECT_HOME, so Prefect's persisted task results stay per workspace."""
+    from ragledger.prefect_server import temporary_server
+
+    home = Path(tempfile.mkdtemp(prefix="ragledger-test-prefect-"))
+    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("PREFECT_")}
+    os.environ["PREFECT_HOME"] = str(home)
+    try:
+        server = temporary_server()
+        url = server.__enter__()
+    finally:
+        os.environ.pop("PREFECT_HOME")
+        os.environ.update(saved)
+    atexit.register(server.__exit__, None, None, None)
+    return url

@@ -18,19 +18,25 @@ RAGLEDGER = str(Path(sys.executable).parent / "ragledger")
 pytestmark = pytest.mark.integration
 
 
-def run_cli(cwd: Path, *args: str, timeout: int = 1200) -> subprocess.CompletedProcess:
-    env = {**os.environ}
-    for k in ("PREFECT_HOME", "PREFECT_LOCAL_STORAGE_PATH", "PREFECT_API_URL"):
-        env.pop(k, None)  # the CLI keeps its own Prefect home under .ragledger/, as for a user
+def run_cli(cwd: Path, *args: str, timeout: int = 1200, own_prefect: bool = True) -> subprocess.CompletedProcess:
+    """The CLI as a user runs it: its own Prefect home under .ragledger/ and, unless `own_prefect` is False (the pytest
+    run's shared Prefect API, tests/conftest.py), its own temporary Prefect server."""
+    from tests.test_reliability import prefect_env
+
+    env = prefect_env(own_prefect)
     return subprocess.run([RAGLEDGER, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory, ):
+def smoke_run(tmp_path_factory):
+    """The CLI with `backend: embedded` as a user meets it, on configs/smoke.yaml: a run killed with SIGKILL once its
+    embedded server has answered a call (the server must die with it), the same command again (it resumes), and
+    once more (every answer from the store: no model call)."""
     from ragledger.embedded import llama_server_available
 
     assert llama_server_available(), "llama-cpp-python[server] missing: run bash infra/setup.sh"
     cwd = tmp_path_factory.mktemp("smoke")
+    killed_with_its_server(cwd, calls_answered=2)
     first = run_cli(cwd, "run", str(REPO / "configs" / "smoke.yaml"), "--json", "first.json")
     assert first.returncode == 0, first.stdout + first.stderr
     second = run_cli(cwd, "run", str(REPO / "configs" / "smoke.yaml"), "--json", "second.json")
@@ -116,15 +122,15 @@ def test_refeed_log_probabilities_come_from_the_real_embedded_model(tmp_path):
     spec = tmp_path / "refeed.yaml"
     spec.write_text(
         "name: refeed-embedded\n"
-        "dataset: {name: squad, path: squad/dev-v1.1.json.gz, limit: 2, seed: 0}\n"
+        "dataset: {name: squad, path: squad/dev-v1.1.json.gz, limit: 1, seed: 0}\n"
         "retrievers: [bm25@3]\n"
         "readers: [concatenation, {name: refeed, feedback_k: 3}]\n"
         "model: {backend: embedded, embedded_model: qwen2.5-0.5b-instruct-q4km, max_tokens: 16, concurrency: 1}\n"
-        "execution: {shard_size: 2}\n"
+        "execution: {shard_size: 1}\n"
     )
     out = run_cli(tmp_path, "run", str(spec), "--json", "run.json")
     assert out.returncode == 0, out.stdout + out.stderr
-    assert json.loads((tmp_path / "run.json").read_text())["llm_calls"] == 2 + 2 * 2  # concatenation 1, refeed 2
+    assert json.loads((tmp_path / "run.json").read_text())["llm_calls"] == 1 + 2  # concatenation 1, refeed 2
     from tracking.query import query
 
     store = tmp_path / ".ragledger" / "store"
@@ -157,24 +163,27 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-def test_a_killed_run_leaves_no_embedded_server_behind(tmp_path):
-    """SIGKILL skips every finally block: the embedded server must still die with the run (parent-death
-    signal), or it keeps both cores busy for whatever runs next."""
+def killed_with_its_server(cwd: Path, calls_answered: int) -> None:
+    """SIGKILL skips every finally block: the embedded server must still die with the run (parent-death signal),
+    or it keeps both cores busy for whatever runs next. The run is killed once its server has answered
+    `calls_answered` calls of the run (after its start-up completion)."""
     import signal
     import time
 
     from ragledger.processes import pid_alive
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    with (tmp_path / "out.log").open("w") as out:
-        run = subprocess.Popen([RAGLEDGER, "run", str(REPO / "configs" / "smoke.yaml")], cwd=tmp_path, env=env,
+    with (cwd / "killed.log").open("w") as out:
+        run = subprocess.Popen([RAGLEDGER, "run", str(REPO / "configs" / "smoke.yaml")], cwd=cwd, env=env,
                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        deadline, servers = time.monotonic() + 300, []
-        while not servers and time.monotonic() < deadline and run.poll() is None:
+        deadline, servers, answered = time.monotonic() + 300, [], 0
+        while answered < calls_answered + 1 and time.monotonic() < deadline and run.poll() is None:
             servers = [p for p in _children(run.pid) if "ragledger.llama_server" in _cmdline(p)]
-            time.sleep(0.5)
-        assert servers, (tmp_path / "out.log").read_text()[-2000:]
+            logs = list((cwd / ".ragledger" / "logs").glob("embedded-server-*.log"))
+            answered = logs[0].read_text(errors="replace").count("POST /v1/chat/completions") if logs else 0
+            time.sleep(0.2)
+        assert servers and answered > calls_answered, (cwd / "killed.log").read_text()[-2000:]
         os.kill(run.pid, signal.SIGKILL)
         run.wait()
         deadline = time.monotonic() + 30

@@ -6,54 +6,22 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.conftest import PG_PASSWORD as PASSWORD
 from tests.fakes.openai_server import ScriptedServer
 from tests.test_reliability import cli, make_data, reader, write_spec
 
 REPO = Path(__file__).resolve().parent.parent
-PASSWORD = "pg-Secret-" + uuid.uuid4().hex[:10]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def mlflow_server(tmp_path):
-    from ragledger.mlflow_server import MlflowServerError, PgSettings, drop_database, ensure_database
-
-    db = f"ragledger_test_{uuid.uuid4().hex[:8]}"
-    env = {**os.environ, "RAGLEDGER_PG_DB": db, "RAGLEDGER_PG_PASSWORD": PASSWORD,
-           "RAGLEDGER_MLFLOW_PORT": str(_free_port()), "RAGLEDGER_MLFLOW_SERVER_DIR": str(tmp_path / "server")}
-    pg = PgSettings(database=db)
-    try:
-        ensure_database(pg)
-    except MlflowServerError as exc:
-        pytest.fail(f"{exc}: these tests need PostgreSQL on 127.0.0.1:5432 (started on this machine kind; "
-                    "start it with: pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start)")
-    script = [str(REPO / "infra" / "mlflow_server.sh")]
-    started = subprocess.run(["bash", *script, "start"], env=env, capture_output=True, text=True, timeout=300)
-    assert started.returncode == 0, started.stdout + started.stderr
-    url = f"http://127.0.0.1:{env['RAGLEDGER_MLFLOW_PORT']}"
-    try:
-        yield url, tmp_path / "server"
-    finally:
-        subprocess.run(["bash", *script, "stop"], env=env, capture_output=True, text=True, timeout=60)
-        drop_database(pg)
-
-
-def test_experiment_logs_to_mlflow_on_postgres_and_another_process_reads_it(tmp_path, mlflow_server):
-    url, server_dir = mlflow_server
+def test_experiment_logs_to_mlflow_on_postgres_and_another_process_reads_it(tmp_path, mlflow_postgres):
+    url, server_dir = mlflow_postgres
     ws = tmp_path / "ws"
     ws.mkdir()
     make_data(ws, 6)

@@ -19,7 +19,6 @@ import typer
 from typer.testing import CliRunner
 
 from tests.fakes.openai_server import ScriptedServer
-from tests.test_mlflow_postgres import mlflow_server  # noqa: F401  (the PostgreSQL-backed server fixture)
 from tests.test_reliability import cli, make_data, reader, write_spec
 from tracking.events import EventStore
 from tracking.executions import latest_execution, load_outcomes
@@ -256,10 +255,10 @@ def test_pull_errors_are_one_line(shared, tmp_path):
         assert "hunter22" not in result.output
 
 
-def test_pull_from_the_mlflow_server_on_postgresql(tmp_path, mlflow_server):  # noqa: F811 (the fixture)
+def test_pull_from_the_mlflow_server_on_postgresql(tmp_path, mlflow_postgres):
     """The lab's setup: a run logs through the MLflow server (PostgreSQL backend, proxied artifacts); another store
     pulls it over HTTP and has the same outcomes; a second pull downloads nothing."""
-    url, _ = mlflow_server
+    url, _ = mlflow_postgres
     ws = tmp_path / "ws"
     ws.mkdir()
     make_data(ws, 6)

@@ -64,7 +64,7 @@ def _env(ws: Path) -> dict[str, str]:
 def test_a_scheduled_deployment_fires_and_its_mlflow_runs_appear(tmp_path):
     make_data(tmp_path, 6)
     port = _free_port()
-    started = cli(tmp_path, "server", "start", "--port", str(port), timeout=400)
+    started = cli(tmp_path, "server", "start", "--port", str(port), timeout=400, own_prefect=True)
     assert started.returncode == 0, started.stdout + started.stderr
     schedule = None
     try:
@@ -89,7 +89,7 @@ def test_a_scheduled_deployment_fires_and_its_mlflow_runs_appear(tmp_path):
             assert parents, "no scheduled run finished in time:\n" + (tmp_path / "schedule.log").read_text()[-3000:]
             flow_run_id = parents[0].data.tags["ragledger.flow_run_id"]
             assert flow_run_id
-            listed = cli(tmp_path, "runs", "--experiment", "nightly")
+            listed = cli(tmp_path, "runs", "--experiment", "nightly", own_prefect=True)
             assert listed.returncode == 0, listed.stderr
             assert "Completed" in listed.stdout and parents[0].info.run_id in listed.stdout, listed.stdout
             print(f"scheduled run fired: MLflow parent run {parents[0].info.run_id}\n{listed.stdout}")
@@ -97,7 +97,7 @@ def test_a_scheduled_deployment_fires_and_its_mlflow_runs_appear(tmp_path):
         if schedule is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(schedule.pid, signal.SIGKILL)
-        stopped = cli(tmp_path, "server", "stop")
+        stopped = cli(tmp_path, "server", "stop", own_prefect=True)
         assert stopped.returncode == 0, stopped.stderr
 
 
@@ -198,12 +198,12 @@ def test_a_long_lived_dask_cluster_sends_each_runs_task_events_to_that_runs_pref
         assert address.startswith("tcp://"), (tmp_path / "cluster.log").read_text()[-3000:]
         with ScriptedServer(answer=reader) as server:
             spec = str(write_spec(tmp_path, server.base_url))
-            first = cli(tmp_path, "run", spec, "--scheduler", address, "--store", "first")
+            first = cli(tmp_path, "run", spec, "--scheduler", address, "--store", "first", own_prefect=True)
             assert first.returncode == 0, first.stderr[-3000:]
-            started = cli(tmp_path, "server", "start", "--port", str(port), timeout=400)
+            started = cli(tmp_path, "server", "start", "--port", str(port), timeout=400, own_prefect=True)
             assert started.returncode == 0, started.stdout + started.stderr
             second = cli(tmp_path, "run", spec, "--scheduler", address, "--store", "second", "--json",
-                         str(tmp_path / "second.json"))
+                         str(tmp_path / "second.json"), own_prefect=True)
             assert second.returncode == 0, second.stderr[-3000:]
         summary = json.loads((tmp_path / "second.json").read_text())
         assert summary["task_processes"] == 2 and summary["tasks_total"] > 0
@@ -227,5 +227,5 @@ def test_a_long_lived_dask_cluster_sends_each_runs_task_events_to_that_runs_pref
     finally:
         cluster.stdin.close()
         cluster.wait(timeout=120)
-        cli(tmp_path, "server", "stop")
+        cli(tmp_path, "server", "stop", own_prefect=True)
     assert "Unable to connect" not in (tmp_path / "cluster.log").read_text()

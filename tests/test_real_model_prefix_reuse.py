@@ -61,8 +61,13 @@ def _answers(b: str, between: list[str]) -> list[list[tuple]]:
     return out
 
 
-def test_an_answer_does_not_depend_on_the_previous_prompt(data_dir, monkeypatch):
+# the default tier sends B after the prompt that shares the longest prefix with it (its question extended); --all
+# after each of the three (each alone also shows the control's difference)
+@pytest.mark.parametrize("sent_between", [slice(2, 3), pytest.param(slice(0, 3), marks=pytest.mark.extended)],
+                         ids=["longest-prefix", "all-three"])
+def test_an_answer_does_not_depend_on_the_previous_prompt(data_dir, monkeypatch, sent_between):
     b, between = _prompts(data_dir)
+    between = between[sent_between]
     monkeypatch.delenv("RAGLEDGER_PREFIX_REUSE", raising=False)
     fresh, *after = _answers(b, between)
     assert fresh and all(answer == fresh for answer in after), (fresh, after)

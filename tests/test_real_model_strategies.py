@@ -1,9 +1,10 @@
-"""Every reader strategy and every model-calling retriever against the real embedded model, at a tiny size.
+"""Every reader entry and every retriever kind against the real embedded model, at one question each.
 
 The scripted test server answers in well-formed text; a real model does not (odd candidate formats, "True." for
 validity, "Passage 1" in rankings, rationales that never reach "Answer:"). These runs take each strategy through
-the whole flow on two real SQuAD questions with the embedded llama.cpp model, so a parser or a vote that breaks
-on real output fails here. Both runs share one store and LLM-call cache per pytest run.
+the whole flow on a real SQuAD question with the embedded llama.cpp model, so a parser or a vote that breaks on
+real output fails here. They use the pytest run's shared pair of embedded servers (tests/conftest.py
+`embedded_servers`); tests/test_tiers.py fails when a reader entry or a retriever kind is missing here.
 """
 
 from __future__ import annotations
@@ -52,16 +53,16 @@ def _label(entry: object) -> str:
 def _run(tmp_path, spec: dict) -> dict:
     path = tmp_path / f"{spec['name']}.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
-    out = run_cli(tmp_path, "run", str(path), "--json", "run.json", timeout=3000)
+    out = run_cli(tmp_path, "run", str(path), "--json", "run.json", timeout=3000, own_prefect=False)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return json.loads((tmp_path / "run.json").read_text())
 
 
-def test_every_reader_strategy_runs_on_the_real_model(tmp_path):
+def test_every_reader_strategy_runs_on_the_real_model(tmp_path, shared_embedded):
     from tracking.query import query
 
-    spec = {"name": "real-readers", "dataset": {"name": "squad", "path": "squad/dev-v1.1.json.gz", "limit": 2, "seed": 3},
-            "retrievers": ["bm25@2"], "readers": [r for r, _ in READERS], "model": MODEL, "execution": {"shard_size": 2}}
+    spec = {"name": "real-readers", "dataset": {"name": "squad", "path": "squad/dev-v1.1.json.gz", "limit": 1, "seed": 3},
+            "retrievers": ["bm25@2"], "readers": [r for r, _ in READERS], "model": MODEL, "execution": {"shard_size": 1}}
     summary = _run(tmp_path, spec)
     store = tmp_path / ".ragledger" / "store"
     gens = query(store, "SELECT reader, role, qid, parse_status, parsed_answer FROM generations")
@@ -70,11 +71,11 @@ def test_every_reader_strategy_runs_on_the_real_model(tmp_path):
         label = _label(entry)
         mine = gens[gens["reader"] == label]
         assert roles <= set(mine["role"]), (label, sorted(set(mine["role"])))
-        assert mine["qid"].nunique() == 2, label  # both questions reached the model
+        assert mine["qid"].nunique() == 1, label  # the question reached the model
         # the real model's output was read into an answer (a CoT reader's prose without "Answer:" counts: its
         # sentence is the answer, flagged unmarked)
         assert (mine["parsed_answer"].str.len() > 0).any(), (label, mine["parse_status"].tolist())
-        assert len(outcomes[outcomes["reader"] == label]) == 2, label
+        assert len(outcomes[outcomes["reader"] == label]) == 1, label
         cell = next(m for name, m in summary["cells"].items() if f"· {label} ·" in name)
         assert 0 <= cell["parse_fail_pct"] <= 100 and not math.isnan(cell["parse_fail_pct"]), label
     # the server evaluated part of what was sent: consecutive calls share their prompts' prefixes (call_gate.py)
@@ -83,9 +84,15 @@ def test_every_reader_strategy_runs_on_the_real_model(tmp_path):
     assert set(refeed["role"]) == {"initial", "refine"}
 
 
-def test_every_model_calling_and_dense_retriever_runs_on_the_real_model(tmp_path, data_dir):
-    """dense, rerank, hybrid, compress and parametric on a small corpus (the paragraphs of the first SQuAD dev
-    articles, so the dense index is built in seconds), read by Concatenation."""
+# every retriever kind (tasks/retrievers: SOURCES, PLAIN, WRAPPERS, and @rr@ reranking), read by Concatenation
+# (gold takes the SQuAD paragraphs: GOLD, its own run)
+RETRIEVERS = ["dense@2", "bm25@rr@2", "hybrid(bm25@1,dense@1)", "compress(bm25@2)", "trunc(bm25@2,40)", "parametric",
+              "none"]
+
+
+def test_every_retriever_kind_runs_on_the_real_model(tmp_path, data_dir, shared_embedded):
+    """On a small corpus (the paragraphs of the first SQuAD dev articles, so the dense index is built in seconds)
+    and one of their questions."""
     from tracking.query import query
 
     with gzip.open(data_dir / "squad" / "dev-v1.1.json.gz", "rt") as f:
@@ -95,24 +102,43 @@ def test_every_model_calling_and_dense_retriever_runs_on_the_real_model(tmp_path
         for a in articles:
             for i, p in enumerate(a["paragraphs"]):
                 f.write(json.dumps({"id": f"{a['title']}_{i}", "title": a["title"], "text": p["context"]}) + "\n")
-    questions = tmp_path / "questions.jsonl"
-    qas = [qa for a in articles for p in a["paragraphs"] for qa in p["qas"]][:2]
-    questions.write_text("".join(json.dumps({"id": qa["id"], "question": qa["question"],
-                                             "answers": [x["text"] for x in qa["answers"]]}) + "\n" for qa in qas))
-    retrievers = ["dense@2", "bm25@rr@2", "hybrid(bm25@1,dense@1)", "compress(bm25@2)", "parametric", "none"]
-    spec = {"name": "real-retrievers", "dataset": {"name": "jsonl", "path": str(questions)},
-            "corpus": {"name": "jsonl", "paths": [str(corpus)]}, "retrievers": retrievers, "readers": ["concatenation"],
-            "model": MODEL, "execution": {"shard_size": 2}}
+    first = articles[0]["paragraphs"][0]
+    questions = tmp_path / "questions.json"
+    questions.write_text(json.dumps({"data": [{"title": articles[0]["title"],
+                                               "paragraphs": [{"context": first["context"], "qas": first["qas"][:1]}]}]}))
+    spec = {"name": "real-retrievers", "dataset": {"name": "squad", "path": str(questions)},
+            "corpus": {"name": "jsonl", "paths": [str(corpus)]}, "retrievers": RETRIEVERS, "readers": ["concatenation"],
+            "model": MODEL, "execution": {"shard_size": 1}}
     summary = _run(tmp_path, spec)
-    assert len(summary["cells"]) == len(retrievers)
+    assert len(summary["cells"]) == len(RETRIEVERS)
     store = tmp_path / ".ragledger" / "store"
-    retrieved = query(store, "SELECT retriever, qid, text FROM retrievals")
-    for r in retrievers[:-1]:
+    retrieved = query(store, "SELECT retriever, qid, rank, pid, text FROM retrievals ORDER BY retriever, rank")
+    for r in RETRIEVERS[:-1]:
         mine = retrieved[retrieved["retriever"] == r]
-        assert mine["qid"].nunique() == 2 and (mine["text"].str.len() > 0).all(), r
+        assert mine["qid"].nunique() == 1 and (mine["text"].str.len() > 0).all(), r
     # compress and parametric wrote their text with the model: a summary / a background document, not a passage
     corpus_texts = {json.loads(line)["text"] for line in corpus.read_text().splitlines()}
     for r in ("compress(bm25@2)", "parametric"):
         assert not set(retrieved[retrieved["retriever"] == r]["text"]) & corpus_texts, r
+    assert sum(len(t.split()) for t in retrieved[retrieved["retriever"] == "trunc(bm25@2,40)"]["text"]) <= 40
     outcomes = query(store, "SELECT retriever, count(*) AS n FROM outcomes GROUP BY retriever")
-    assert dict(zip(outcomes["retriever"], outcomes["n"], strict=True)) == dict.fromkeys(retrievers, 2)
+    assert dict(zip(outcomes["retriever"], outcomes["n"], strict=True)) == dict.fromkeys(RETRIEVERS, 1)
+
+
+GOLD = "gold(bm25@2,last)"
+
+
+def test_the_gold_passage_setting_runs_on_the_real_model(tmp_path, shared_embedded):
+    """seed 001's gold-position setting over the SQuAD paragraphs: BM25's top 2 with the gold paragraph last."""
+    from tracking.query import query
+
+    spec = {"name": "real-gold", "dataset": {"name": "squad", "path": "squad/dev-v1.1.json.gz", "limit": 1, "seed": 3},
+            "retrievers": [GOLD], "readers": ["concatenation"], "model": MODEL, "execution": {"shard_size": 1}}
+    summary = _run(tmp_path, spec)
+    assert summary["llm_calls"] == 1
+    store = tmp_path / ".ragledger" / "store"
+    gold = query(store, "SELECT gold_pids FROM questions")["gold_pids"][0][0]
+    shown = query(store, "SELECT pid FROM retrievals ORDER BY rank")
+    assert len(shown) == 2 and shown["pid"].iloc[-1] == gold
+    answered = query(store, "SELECT parsed_answer FROM generations")
+    assert len(answered) == 1 and len(answered["parsed_answer"][0]) > 0

@@ -20,10 +20,9 @@ import pytest
 pytestmark = pytest.mark.integration
 
 MODEL = "qwen2.5-0.5b-instruct-q4km"
-QUESTIONS = 3
 
 
-def _items(data_dir) -> list[tuple[object, str, str]]:
+def _items(data_dir, questions: int) -> list[tuple[object, str, str]]:
     """(ReaderInput, gold answer, distractor): the gold paragraph and the article's next one as the passages."""
     from tasks.readers.base import Passage, ReaderInput
 
@@ -31,7 +30,7 @@ def _items(data_dir) -> list[tuple[object, str, str]]:
         article = json.load(f)["data"][1]
     paragraphs = article["paragraphs"]
     out = []
-    for i in range(QUESTIONS):
+    for i in range(questions):
         qa, other = paragraphs[i]["qas"][0], paragraphs[i + 1]["qas"][0]
         passages = tuple(Passage(f"p{j}", f"{article['title']}: {paragraphs[j]['context']}", article["title"])
                          for j in (i, i + 1))
@@ -47,34 +46,34 @@ def _answer(client, call) -> str:
     return response.choices[0].message.content or ""
 
 
-def test_sure_later_rounds_parse_the_real_models_text(data_dir):
+@pytest.mark.parametrize("questions", [1, pytest.param(3, marks=pytest.mark.extended)])  # --all: three
+def test_sure_later_rounds_parse_the_real_models_text(data_dir, embedded_servers, questions):
     from openai import OpenAI
 
-    from ragledger.embedded import embedded_server
     from tasks.readers import READERS
     from tasks.readers.base import Generation, ReaderSettings, parse_output
     from tasks.readers.sure import parse_candidates
 
     settings = ReaderSettings()
     seen: dict[str, list[str]] = {}
-    with embedded_server(MODEL, log=lambda *a, **k: None) as base_url:
-        client = OpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=300)
-        for item, gold, distractor in _items(data_dir):
-            first = f"(a) {gold}, (b) {distractor}"
-            for name in ("sure", "sure_ranking", "sure_summaries", "sure_mcq"):
-                reader = READERS[name]()
-                history = [Generation(1, "candidates", 0, (), first, *parse_output(first, "sure_candidates"))]
-                for round_no in range(2, reader.rounds + 1):
-                    for call in reader.plan(round_no, item, history, settings):
-                        output = _answer(client, call)
-                        parsed, status = parse_output(output, call.parser)
-                        history.append(Generation(round_no, call.role, call.sample_index, call.passage_ids, output,
-                                                  parsed, status))
-                        seen.setdefault(f"{name}:{call.role}:{status}", []).append(output)
-                decision = reader.decide(item, history, settings)
-                assert decision.chosen, (name, item.qid, [g.output for g in history])
-                if name in ("sure", "sure_ranking"):  # they choose a candidate; the others answer on the Base prompt
-                    assert decision.chosen in parse_candidates(first), (name, decision, [g.output for g in history])
+    base_url = json.loads(embedded_servers)["base_url"]  # the pytest run's shared server (tests/conftest.py)
+    client = OpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=300)
+    for item, gold, distractor in _items(data_dir, questions):
+        first = f"(a) {gold}, (b) {distractor}"
+        for name in ("sure", "sure_ranking", "sure_summaries", "sure_mcq"):
+            reader = READERS[name]()
+            history = [Generation(1, "candidates", 0, (), first, *parse_output(first, "sure_candidates"))]
+            for round_no in range(2, reader.rounds + 1):
+                for call in reader.plan(round_no, item, history, settings):
+                    output = _answer(client, call)
+                    parsed, status = parse_output(output, call.parser)
+                    history.append(Generation(round_no, call.role, call.sample_index, call.passage_ids, output,
+                                              parsed, status))
+                    seen.setdefault(f"{name}:{call.role}:{status}", []).append(output)
+            decision = reader.decide(item, history, settings)
+            assert decision.chosen, (name, item.qid, [g.output for g in history])
+            if name in ("sure", "sure_ranking"):  # they choose a candidate; the others answer on the Base prompt
+                assert decision.chosen in parse_candidates(first), (name, decision, [g.output for g in history])
     for key, outputs in sorted(seen.items()):
         print(key, len(outputs), [o[:60] for o in outputs[:3]])
     roles = {key.split(":")[1] for key in seen}

@@ -51,15 +51,17 @@ def write_spec(ws: Path, base_url: str, name: str = "rel", **model) -> Path:
     return path
 
 
-def cli(ws: Path, *args: str, env: dict | None = None, timeout: int = 600, prefix: tuple[str, ...] = ()
-        ) -> subprocess.CompletedProcess:
+def cli(ws: Path, *args: str, env: dict | None = None, timeout: int = 600, prefix: tuple[str, ...] = (),
+        own_prefect: bool = False) -> subprocess.CompletedProcess:
     """Run the CLI in its own process group. Output goes to files, not pipes: after a SIGKILL the CLI's
     child (Prefect's temporary API server) would hold a pipe open; the whole group is killed at the end.
-    `prefix` runs it through another command (setpriv, to run it as another user)."""
+    `prefix` runs it through another command (setpriv, to run it as another user). The command reports to the
+    pytest run's Prefect API (tests/conftest.py `shared_prefect_api`) unless `own_prefect`: then it starts its own
+    temporary server, as a user's command does."""
     import signal
     import tempfile
 
-    base = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    base = prefect_env(own_prefect)
     base["RAGLEDGER_INDEX_DIR"] = str(ws / "indexes")
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen([*prefix, RAGLEDGER, *args], cwd=ws, env={**base, **(env or {})}, stdout=out, stderr=err,
@@ -72,6 +74,15 @@ def cli(ws: Path, *args: str, env: dict | None = None, timeout: int = 600, prefi
         out.seek(0)
         err.seek(0)
         return subprocess.CompletedProcess(proc.args, code, out.read(), err.read())
+
+
+def prefect_env(own_prefect: bool = False) -> dict[str, str]:
+    """This environment for a CLI command: Prefect's variables left out (the command keeps its Prefect home in its
+    workspace), and the pytest run's Prefect API unless the command is to start its own."""
+    from tests.conftest import shared_prefect_api
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    return env if own_prefect else {**env, "PREFECT_API_URL": shared_prefect_api()}
 
 
 def outcome_table(ws: Path) -> list[tuple]:
@@ -230,7 +241,7 @@ def test_four_experiments_at_once_on_one_store_and_mlflow(tmp_path):
     make_data(tmp_path, 12)
     with ScriptedServer(answer=reader, delay_s=0.01) as server:
         specs = [write_spec(tmp_path, server.base_url, name=f"exp{i}") for i in range(4)]
-        base = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+        base = prefect_env()
         base["RAGLEDGER_INDEX_DIR"] = str(tmp_path / "indexes")
         procs = [subprocess.Popen([RAGLEDGER, "run", str(s)], cwd=tmp_path, env=base, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True) for s in specs]
@@ -413,7 +424,7 @@ def test_secrets_appear_nowhere(tmp_path):
         outputs += [proc.stdout, proc.stderr]
     with ScriptedServer(answer=lambda s, p, b: reader(s, p, b)) as server:
         spec = write_spec(tmp_path, server.base_url, api_key_env="RAGLEDGER_TEST_API_KEY")
-        proc = cli(tmp_path, "run", str(spec), env=env)
+        proc = cli(tmp_path, "run", str(spec), env=env, own_prefect=True)  # Prefect's database is searched too
         assert proc.returncode == 0, proc.stderr
         outputs += [proc.stdout, proc.stderr]
         assert server.requests  # the key went to the server (that is its purpose) ...
@@ -421,7 +432,7 @@ def test_secrets_appear_nowhere(tmp_path):
     # ... and a failed run (an endpoint that is down) writes its traceback to a run log, with the key set
     failed = write_spec(tmp_path, "http://127.0.0.1:9/v1", name="rel-down", api_key_env="RAGLEDGER_TEST_API_KEY",
                         max_retries=0, timeout_s=2)
-    proc = cli(tmp_path, "run", str(failed), env=env)
+    proc = cli(tmp_path, "run", str(failed), env=env, own_prefect=True)
     assert proc.returncode == 2, proc.stderr
     outputs += [proc.stdout, proc.stderr]
 

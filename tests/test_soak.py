@@ -17,7 +17,6 @@ the LLM-call cache holds only real answers (no error response was cached)."""
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import subprocess
 import time
@@ -27,7 +26,7 @@ import pytest
 import yaml
 
 from tests.fakes.openai_server import Faults, ScriptedServer
-from tests.test_reliability import RAGLEDGER, TOPICS, cli, make_data, raw_event_counts, reader
+from tests.test_reliability import RAGLEDGER, TOPICS, cli, make_data, prefect_env, raw_event_counts, reader
 
 LANES, PER_LANE, QUESTIONS = 4, 5, 4
 READERS = ["concatenation", "post_fusion"]
@@ -84,7 +83,7 @@ def test_soak_twenty_experiments_four_at_a_time_under_faults(tmp_path):
     assert len(reference) == n * QUESTIONS * len(READERS)
     reference_s = time.perf_counter() - started
 
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
+    base = {k: v for k, v in prefect_env().items() if not k.startswith("MLFLOW_")}  # the pytest run's Prefect API
     base["RAGLEDGER_INDEX_DIR"] = str(ws / "indexes")
     with ScriptedServer(answer=reader, faults=FAULTS) as flaky:
         procs = []

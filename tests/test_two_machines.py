@@ -15,7 +15,6 @@ import pandas as pd
 import yaml
 
 from tests.fakes.openai_server import ScriptedServer
-from tests.test_mlflow_postgres import mlflow_server  # noqa: F401  (the PostgreSQL-backed server fixture)
 from tests.test_reliability import cli, make_data, reader, write_spec
 from tracking.events import EventStore
 
@@ -52,10 +51,10 @@ def request_key(body: dict) -> str:
     return json.dumps(body, sort_keys=True)
 
 
-def test_a_run_on_machine_a_is_pulled_analysed_traced_and_extended_on_machine_b(tmp_path, mlflow_server):  # noqa: F811
+def test_a_run_on_machine_a_is_pulled_analysed_traced_and_extended_on_machine_b(tmp_path, mlflow_postgres):
     from mlflow import MlflowClient
 
-    url, server_dir = mlflow_server
+    url, server_dir = mlflow_postgres
     data, a, b = tmp_path / "data", tmp_path / "A", tmp_path / "B"
     for d in (data, a, b):
         d.mkdir()
