@@ -15,7 +15,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 RAGLEDGER = str(Path(sys.executable).parent / "ragledger")
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]  # the model is ~2-3x slower on AVX2 CPUs
 
 
 def run_cli(cwd: Path, *args: str, timeout: int = 1200, own_prefect: bool = True) -> subprocess.CompletedProcess:

@@ -17,7 +17,7 @@ import json
 
 import pytest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]  # the model is ~2-3x slower on AVX2 CPUs
 
 MODEL = "qwen2.5-0.5b-instruct-q4km"
 

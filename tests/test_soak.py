@@ -64,6 +64,7 @@ def table(store: Path, where: str = "") -> list[tuple]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_soak_twenty_experiments_four_at_a_time_under_faults(tmp_path):
     started = time.perf_counter()
     ref_ws, ws = tmp_path / "reference", tmp_path / "soak"

@@ -51,7 +51,7 @@ RAGLEDGER = str(Path(sys.executable).parent / "ragledger")
 SERVED = "qwen2.5-0.5b-instruct"
 MAX_LEN = 2048  # small, so that a prompt over it is cheap to build (bm25@20) and refused at once
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration]
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(1800)]  # the server starts in ~1 min
 
 
 def run_cli(cwd: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
