@@ -18,6 +18,7 @@ from ragledger.datasets import Question
 from ragledger.paths import StoreLayout
 from schemas.spec import ExperimentSpec
 from tasks.readers import get_reader, settings_for
+from tasks.readers.base import FINAL_CONTEXT_VERSION
 from tasks.readers.concatenation import Concatenation
 from tasks.retrievers import parse_retriever
 from tasks.stages import (
@@ -171,7 +172,7 @@ def plan(spec: ExperimentSpec, questions: Sequence[Question], *, store_root: str
             rounds = generate_stages(spec, cell, s, retrieves[(cell.retriever, s.id)].key, mkey)
             generates[(cell, s.id)] = rounds
             votes[(cell, s.id)] = vote_stage(spec, cell, s, rounds[-1].key)
-            evaluates[(cell, s.id)] = EvaluateStage(votes[(cell, s.id)].key, cell, s.qids)
+            evaluates[(cell, s.id)] = evaluate_stage(spec, cell, s, votes[(cell, s.id)].key)
     return ExperimentPlan(spec, store_root, segment, dataset_key, corpus, mkey, len(sampled), filters, dropped, cells, shards,
                           retrieves, generates, votes, evaluates)
 
@@ -200,6 +201,11 @@ def generate_stages(spec: ExperimentSpec, cell: Cell, s: Shard, retrieval_key: s
         rounds.append(GenerateStage(upstream, cell, rnd, version, mkey, settings, s.qids))
         upstream = rounds[-1].key
     return tuple(rounds)
+
+
+def evaluate_stage(spec: ExperimentSpec, cell: Cell, s: Shard, vote_key: str) -> EvaluateStage:
+    reader = get_reader(spec.reader_entry(cell.reader).name)
+    return EvaluateStage(vote_key, cell, s.qids, FINAL_CONTEXT_VERSION if reader.narrows_context else "")
 
 
 def vote_stage(spec: ExperimentSpec, cell: Cell, s: Shard, generated_key: str) -> VoteStage:

@@ -6,7 +6,9 @@ RE is an extraction error when the prediction occurs in the context, else a hall
 
 "The reader's context" is what the reader read in its final round: the cell's retrieval, except for a
 reader that retrieves its own feedback documents (REFEED's refine step reads the question+answer
-retrieval), where it is those documents. `gold_in_retrieval` keeps the cell's retrieval apart for Recall@k.
+retrieval), where it is those documents, and for a reader whose final call reads less than the retrieval
+(`Reader.final_context`: pf_concat's distil call reads the passages Post-Fusion kept, sure_generic's answer call
+the summary alone). `gold_in_retrieval` keeps the cell's retrieval apart for Recall@k.
 
 The answer pool (seed 001's %NM): the vote's candidates; a single answer is a one-answer pool, so a
 single-answer reader never counts as "not majority".
@@ -58,10 +60,13 @@ def outcome_rows(
     generations: pd.DataFrame,
     semantic: bool = True,
     feedback_documents: Callable[[str, str, str], str | None] | None = None,
+    final_context: Callable[[Sequence[Any], Callable[[str], str]], str | None] | None = None,
 ) -> list[dict[str, Any]]:
     answers = {r.qid: list(r.answers) for r in questions.itertuples()}
     feedback = feedback_contexts(questions, generations, feedback_documents)
-    contexts = {qid: normalized_passages(t for _, t in ps) for qid, ps in passages_by_question(retrievals).items()}
+    passages = passages_by_question(retrievals)
+    narrowed = narrowed_contexts(passages, generations, final_context)
+    contexts = {qid: normalized_passages(t for _, t in ps) for qid, ps in passages.items()}
     usage = generations.groupby("qid")[["tokens_in", "tokens_out"]].sum() if not generations.empty else None
     calls = generations.groupby("qid").size() if not generations.empty else None
     votes = votes[votes["qid"].isin(answers)]
@@ -81,8 +86,10 @@ def outcome_rows(
     for i, v in enumerate(votes.itertuples()):
         golds = answers[v.qid]
         retrieved = contexts.get(v.qid) or normalized_context("")  # normalized once for every check below
-        # the context the reader saw in its final round (seed 002's decomposition): its feedback documents, if any
-        context = normalized_context(feedback[v.qid]) if v.qid in feedback else retrieved
+        # the context the reader saw in its final round (seed 002's decomposition): its feedback documents or the
+        # narrower context of its final call, if any
+        final = feedback.get(v.qid, narrowed.get(v.qid))
+        context = retrieved if final is None else normalized_context(final)
         pred = v.chosen
         em = em_score(pred, golds)
         unknown = is_unknown(pred)
@@ -142,6 +149,21 @@ def feedback_contexts(questions: pd.DataFrame, generations: pd.DataFrame,
     return {qid: "\n\n".join(docs) for qid, docs in out.items()}
 
 
+def narrowed_contexts(passages: dict[str, list[tuple[str, str]]], generations: pd.DataFrame,
+                      final_context: Callable[[Sequence[Any], Callable[[str], str]], str | None] | None) -> dict[str, str]:
+    """qid -> the text the reader's final call read, where `Reader.final_context` says it is not the retrieval."""
+    if final_context is None or generations.empty:
+        return {}
+    out = {}
+    for qid, rows in generations.groupby("qid", sort=False):
+        texts = dict(passages.get(qid, []))
+        rows = list(rows.sort_values(["round", "call_index"]).itertuples())
+        text = final_context(rows, lambda pid, texts=texts: texts.get(pid, ""))
+        if text is not None:
+            out[qid] = text
+    return out
+
+
 def run_evaluate(run: RunContext, stage: EvaluateStage, retrieval_segments: list[str | None],
                  generation_segments: list[str | None], vote_segment: str | None) -> StageResult:
     spec, store = run.spec(), run.store()
@@ -155,6 +177,7 @@ def run_evaluate(run: RunContext, stage: EvaluateStage, retrieval_segments: list
         spec.name, cell.name, cell.retriever, cell.reader, cell.model, stage.key,
         questions, retrievals[retrievals["qid"].isin(stage.qids)], votes, generations,
         feedback_documents=reader.feedback_documents if reader.retrieves_feedback else None,
+        final_context=reader.final_context if reader.narrows_context else None,
     )  # fmt: skip
     segment = store.write("outcomes", new_events("outcomes", spec.name, rows)) if rows else None
     return stage.result(run, segment, len(rows))

@@ -274,7 +274,12 @@ class EvaluateStage(CellStage):
     upstream: str  # the vote's key
     cell: Cell
     qids: tuple[str, ...]
+    # how the reader's final context is read: "" the cell's retrieval (or its feedback documents); the reader's
+    # `final_context` version when its final call reads less (pf_concat, sure_generic): only their keys changed
+    context: str = ""
 
     @cached_property
     def key(self) -> str:
+        if self.context:
+            return stable_hash("evaluate", self.upstream, self.version, self.context)
         return stable_hash("evaluate", self.upstream, self.version)

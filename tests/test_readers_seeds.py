@@ -707,6 +707,81 @@ def test_refeed_answer_found_in_feedback_documents_is_correct_not_a_lucky_guess(
     assert m["recall_at_k"] == 50.0 and m["recall_feedback_at_k"] == 50.0
 
 
+def test_pf_concat_answer_in_a_passage_dropped_before_the_distil_call_is_a_retrieval_failure():
+    """pf_concat's distil call reads only the passages Post-Fusion kept. Question a: the answer is in p1, whose PF
+    call said unknown, so the distil call read p2 alone: the wrong answer "Lyon" (in p2) is a retrieval failure of the
+    final context, though the retrieval had the answer (Recall@k counts it). Question b: every PF call said unknown,
+    no distil call: the final round read both passages, which hold the answer: an abstention, gold in context."""
+    from tasks.evaluate import outcome_rows
+    from tasks.readers import get_reader
+
+    questions = pd.DataFrame({"qid": ["a", "b"], "answers": [["Paris"], ["Rome"]]})
+    retrievals = pd.DataFrame({"qid": ["a", "a", "b", "b"], "rank": [1, 2, 1, 2], "pid": ["p1", "p2", "p3", "p4"],
+                               "text": ["Paris is the capital of France.", "Lyon is a city in France.",
+                                        "Rome is the capital of Italy.", "Milan is in Italy."]})
+    votes = pd.DataFrame({"qid": ["a", "b"], "method": ["distill"] * 2, "candidates": [["Lyon"], []],
+                          "chosen": ["Lyon", "unknown"]})
+    generations = pd.DataFrame({
+        "qid": ["a", "a", "a", "b", "b"], "round": [1, 1, 2, 1, 1], "call_index": [0, 1, 0, 0, 1],
+        "role": ["answer", "answer", "distill", "answer", "answer"],
+        "passage_ids": [("p1",), ("p2",), ("p2",), ("p3",), ("p4",)],
+        "parsed_answer": ["unknown", "Lyon", "Lyon", "unknown", "unknown"],
+        "tokens_in": [1] * 5, "tokens_out": [1] * 5,
+    })  # fmt: skip
+    reader = get_reader("pf_concat")
+    rows = pd.DataFrame(outcome_rows("e", "c", "r", "pf_concat", "m", "k", questions, retrievals, votes, generations,
+                                     semantic=False, final_context=reader.final_context)).set_index("qid")
+    assert rows.loc["a", ["gold_in_context", "gold_in_retrieval", "error_type"]].tolist() == \
+        [False, True, "retrieval_failure"]
+    assert rows.loc["b", ["gold_in_context", "gold_in_retrieval", "error_type"]].tolist() == [True, True, "abstention"]
+    assert rows["gold_in_feedback"].isna().all()  # not feedback retrieval: Recall@k of feedback stays REFEED's
+    # without the reader's final context, a is an extraction error over the whole retrieval (what was counted before)
+    before = pd.DataFrame(outcome_rows("e", "c", "r", "pf_concat", "m", "k", questions, retrievals, votes, generations,
+                                       semantic=False)).set_index("qid")
+    assert before.loc["a", "error_type"] == "extraction_error"
+
+
+def test_sure_generic_reads_the_summary_alone_in_its_final_call():
+    """sure_generic answers from its generic summary. a: the summary dropped "Paris" (in the passages) and the model
+    answered "Lyon", which the summary holds: a retrieval failure of the final context. b: the summary holds "Rome"
+    and the answer is right: correct. c: the summary call failed, no answer call: the final round read the passages."""
+    from tasks.evaluate import outcome_rows
+    from tasks.readers import get_reader
+
+    questions = pd.DataFrame({"qid": ["a", "b", "c"], "answers": [["Paris"], ["Rome"], ["Oslo"]]})
+    retrievals = pd.DataFrame({"qid": ["a", "b", "c"], "rank": [1, 1, 1], "pid": ["p1", "p2", "p3"],
+                               "text": ["Paris and Lyon are in France.", "Rome is in Italy.", "Oslo is in Norway."]})
+    votes = pd.DataFrame({"qid": ["a", "b", "c"], "method": ["single", "single", "sum-and-pred-no-summary"],
+                          "candidates": [["Lyon"], ["Rome"], []], "chosen": ["Lyon", "Rome", "unknown"]})
+    generations = pd.DataFrame({
+        "qid": ["a", "a", "b", "b", "c"], "round": [1, 2, 1, 2, 1], "call_index": [0] * 5,
+        "role": ["summary", "answer", "summary", "answer", "summary"],
+        "passage_ids": [("p1",), (), ("p2",), (), ("p3",)],
+        "parsed_answer": ["Lyon is a city in France.", "Lyon", "Rome is the Italian capital.", "Rome", ""],
+        "tokens_in": [1] * 5, "tokens_out": [1] * 5,
+    })  # fmt: skip
+    rows = pd.DataFrame(outcome_rows("e", "c", "r", "sure_generic", "m", "k", questions, retrievals, votes, generations,
+                                     semantic=False, final_context=get_reader("sure_generic").final_context)).set_index("qid")
+    assert rows["error_type"].to_dict() == {"a": "retrieval_failure", "b": "correct", "c": "abstention"}
+    assert rows["gold_in_context"].to_dict() == {"a": False, "b": True, "c": True}
+    assert rows["gold_in_retrieval"].all()
+
+
+def test_only_the_narrowing_readers_evaluation_keys_change():
+    """The evaluate stage key takes the final-context version for pf_concat and sure_generic only: every other reader's
+    key is computed as before (so its stored outcomes and the pins of tests/test_plan_pinning.py hold)."""
+    from ragledger.cell import Cell
+    from tasks.readers import READERS
+    from tasks.readers.base import FINAL_CONTEXT_VERSION
+    from tasks.stages import EVALUATE_VERSION, EvaluateStage
+    from tracking.events import stable_hash
+
+    assert {name for name, cls in READERS.items() if cls.narrows_context} == {"pf_concat", "sure_generic"}
+    cell = Cell("bm25@5", "concatenation", "m")
+    assert EvaluateStage("vote-key", cell, ("q",)).key == stable_hash("evaluate", "vote-key", EVALUATE_VERSION)
+    assert EvaluateStage("vote-key", cell, ("q",), FINAL_CONTEXT_VERSION).key != EvaluateStage("vote-key", cell, ("q",)).key
+
+
 def test_parse_failure_share_counts_the_cells_model_calls_not_ok():
     from tracking.metrics import cell_metrics
     from tracking.readers_table import display_rows, readers_table

@@ -12,10 +12,14 @@ from __future__ import annotations
 import math
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from ragledger.answers import is_unknown, normalize_answer
+
+# enters the evaluate key of a reader with `narrows_context` (tasks/stages.py EvaluateStage.context)
+FINAL_CONTEXT_VERSION = "final-call-1"
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,7 @@ class Reader(ABC):
     needs_logprobs: bool = False  # the embedded server then keeps all logits (slower prompts, more memory)
     votes_over_pool: bool = False  # decides over an answer pool, so the spec's `vote` setting applies
     retrieves_feedback: bool = False  # retrieves again with its own queries, so `feedback_k`/`feedback_samples` apply
+    narrows_context: bool = False  # its final call may read less than the cell's retrieval (`final_context`)
 
     def version_for(self, settings: ReaderSettings) -> str:
         """The prompt version of this reader under these settings (enters the generate cache keys and the
@@ -109,6 +114,13 @@ class Reader(ABC):
     def feedback_documents(self, question: str, role: str, prompt: str) -> str | None:
         """The feedback documents of one of this reader's stored prompts (REFEED's refine call), as text, or
         None when the call carries none. Evaluation scores Recall@k of feedback retrieval from it."""
+        return None
+
+    def final_context(self, generations: Sequence[Any], passage_text: Callable[[str], str]) -> str | None:
+        """What this reader's final call read, as text, when that is not the cell's retrieval (seed 002's error
+        decomposition asks whether the gold answer was in the context the reader saw); None for the retrieval.
+        `generations` are one question's stored generation rows (role, round, passage_ids, parsed_answer, ...);
+        `passage_text(pid)` is a retrieved passage's text. Only called when `narrows_context` is set."""
         return None
 
     @abstractmethod

@@ -9,6 +9,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import Any
+
 from ragledger.answers import is_unknown, normalize_answer
 from tasks.readers.base import Call, Decision, Generation, Reader, ReaderInput, ReaderSettings, fill, pool_vote
 from tasks.readers.concatenation import Concatenation, join_passages
@@ -77,6 +80,14 @@ class PFThenConcat(Reader):
             return [Call("distill", FIG7_SYSTEM, prompt, pids, sample_index=s, temperature=settings.sample_temperature)
                     for s in range(settings.samples)]
         return [Call("distill", FIG7_SYSTEM, prompt, pids)]
+
+    narrows_context = True
+
+    def final_context(self, generations: Sequence[Any], passage_text: Callable[[str], str]) -> str | None:
+        """The distil call reads only the passages Post-Fusion kept (those with a non-unknown answer); without a
+        distil call the final round is Post-Fusion's, which read every passage."""
+        distil = next((g for g in generations if g.round == 2), None)
+        return None if distil is None else "\n\n".join(passage_text(pid) for pid in distil.passage_ids)
 
     def decide(self, item: ReaderInput, history: list[Generation], settings: ReaderSettings | None = None) -> Decision:
         pool = tuple(_answers(history, 1))  # the PF answer pool: %NM asks whether distilling lost a correct one

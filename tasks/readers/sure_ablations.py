@@ -34,6 +34,8 @@ yields fewer than two candidates (then, as in `sure`, there is nothing to choose
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from ragledger.answers import normalize_answer
 from tasks.readers.base import Call, Decision, Generation, Reader, ReaderInput, ReaderSettings, clean_answer, fill
@@ -186,6 +188,15 @@ class SuReGeneric(Reader):
             return []  # nothing to predict from
         prompt = fill(PREDICT_FROM_SUMMARY_USER, summary=summary.parsed_answer, question=item.question)
         return [Call("answer", SYSTEM, prompt, ())]
+
+    narrows_context = True
+
+    def final_context(self, generations: Sequence[Any], passage_text: Callable[[str], str]) -> str | None:
+        """The answer call reads the generic summary alone, not the passages; without an answer call (no usable
+        summary) the final round is the summary call, which read every passage."""
+        if not any(g.role == "answer" for g in generations):
+            return None
+        return next(g.parsed_answer for g in generations if g.role == "summary")
 
     def decide(self, item: ReaderInput, history: list[Generation], settings: ReaderSettings | None = None) -> Decision:
         g = next((g for g in history if g.role == "answer"), None)
