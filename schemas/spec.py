@@ -165,9 +165,9 @@ class ReaderEntry(_Strict):
     feedback_samples: int | None = Field(None, ge=2, le=20, description="REFEED MODULE-1 (seed 003 §3.2.2): n initial "
                                          "answers sampled at temperature 0.7, top_p 0.9; one feedback retrieval each, "
                                          "merged by retrieval score to the top feedback_k")
-    shots: int | None = Field(None, ge=0, le=5, description="REFEED: demonstrations in its prompts, the first N of the "
-                              "five printed in seed 003 Tables 10-11 (default all five); 0 is Table 2's zero-shot "
-                              "setting")
+    shots: int | None = Field(None, ge=0, le=5, description="REFEED, Retrieve-Read: demonstrations in their prompts, "
+                              "the first N of the five printed in seed 003 Tables 10-11 (default all five); 0 is Table "
+                              "2's zero-shot setting")
     show_initial: bool = Field(False, description="REFEED: the refine prompt also shows the initial answer (an "
                                "ablation; Table 11 shows question, documents and instruction only)")
     vote: Literal["majority", "first"] = Field("majority", description="how a reader's answer pool becomes one "
@@ -249,11 +249,15 @@ class _SpecBase(_Strict):
             if name not in READERS:
                 raise ValueError(f"unknown reader strategy {name!r}; known: {', '.join(sorted(READERS))}")
             if isinstance(e, ReaderEntry) and not READERS[name].retrieves_feedback:
-                for setting in ("feedback_k", "feedback_samples", "shots", "show_initial"):
-                    if getattr(e, setting) != ReaderEntry.model_fields[setting].default:  # shots: 0 is set
+                for setting in ("feedback_k", "feedback_samples", "show_initial"):
+                    if getattr(e, setting) != ReaderEntry.model_fields[setting].default:
                         users = sorted(n for n, r in READERS.items() if r.retrieves_feedback)
                         raise ValueError(f"readers: {name!r} retrieves no feedback documents, so {setting!r} does not apply "
                                          f"(it applies to {', '.join(users)})")
+            if isinstance(e, ReaderEntry) and e.shots is not None and not READERS[name].takes_shots:  # shots: 0 is set
+                users = sorted(n for n, r in READERS.items() if r.takes_shots)
+                raise ValueError(f"readers: {name!r} has no demonstrations, so 'shots' does not apply "
+                                 f"(it applies to {', '.join(users)})")
             if isinstance(e, ReaderEntry) and e.vote != "majority" and not READERS[name].votes_over_pool:
                 pooled = sorted(n for n, r in READERS.items() if r.votes_over_pool)
                 raise ValueError(f"readers: {name!r} has no answer pool to vote over (vote applies to {', '.join(pooled)})")

@@ -515,8 +515,33 @@ def test_refeed_table11_titles_shots_and_the_initial_answer_option():
     assert len(versions) == 3
     spec = parse_spec({"name": "t", "retrievers": ["bm25@5"], "readers": [{"name": "refeed", "shots": 0}]})
     assert spec.reader_entries()[0].key == "refeed(shots=0)" and settings_for(spec.reader_entries()[0]).shots == 0
-    with pytest.raises(SpecError, match="'concatenation' retrieves no feedback documents, so 'shots' does not apply"):
+    with pytest.raises(SpecError, match="'concatenation' has no demonstrations, so 'shots' does not apply"):
         parse_spec({"name": "t", "retrievers": ["bm25@5"], "readers": [{"name": "concatenation", "shots": 0}]})
+
+
+def test_retrieve_read_is_table_11s_prompt_over_the_cells_own_retrieval():
+    """Seed 003's Retrieve-Read: the question, the cell's passages as "Title: ... Passage: ...", the instruction, "The
+    answer is"; the first `shots` demonstrations as the system prompt; one greedy call; the answer as written."""
+    r = get_reader("retrieve_read")
+    (call,) = r.plan(1, ITEM, [], ReaderSettings(shots=0))
+    assert call.prompt == ("Question: Who won Super Bowl 50?\n"
+                           "Title: Broncos. Passage: The Denver Broncos won.\n"
+                           "Title: Panthers. Passage: The Carolina Panthers lost.\n"
+                           "Title: Weather. Passage: It rained.\n"
+                           "Refer to the passages below and answer the following question with just a few words.\n"
+                           "The answer is")
+    assert call.system == "" and call.passage_ids == ("p1", "p2", "p3") and call.temperature == 0.0
+    assert r.plan(1, ITEM, [], ReaderSettings()).pop().system.count("The answer is") == 5  # all five by default
+    closed = r.plan(1, ReaderInput("q1", "Who won Super Bowl 50?", ()), [], ReaderSettings(shots=0)).pop()
+    assert closed.prompt == "Question: Who won Super Bowl 50? The answer is"  # no passages: Table 10's QA prompt
+    output = " Denver Broncos."
+    d = r.decide(ITEM, [gen(1, "answer", parse_output(output, "answer_is")[0], output=output)])
+    assert (d.method, d.chosen) == ("single", "Denver Broncos")
+    assert r.version_for(ReaderSettings(shots=0)) != r.version_for(ReaderSettings())
+    spec = parse_spec({"name": "t", "retrievers": ["bm25@5"], "readers": [{"name": "retrieve_read", "shots": 0}]})
+    assert spec.reader_entries()[0].key == "retrieve_read(shots=0)"
+    with pytest.raises(SpecError, match="'retrieve_read' retrieves no feedback documents, so 'feedback_k'"):
+        parse_spec({"name": "t", "retrievers": ["bm25@5"], "readers": [{"name": "retrieve_read", "feedback_k": 5}]})
 
 
 def test_settings_added_later_leave_the_settings_of_older_entries_unchanged():

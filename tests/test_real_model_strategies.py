@@ -35,6 +35,7 @@ READERS: list[tuple[object, set[str]]] = [
     ({"name": "refeed", "feedback_k": 2}, {"initial", "refine"}),
     ({"name": "refeed_refined", "feedback_k": 2}, {"initial", "refine"}),
     ({"name": "refeed", "feedback_k": 2, "feedback_samples": 2}, {"initial", "refine"}),
+    ("retrieve_read", {"answer"}),
     ("sure", {"candidates"}),
     ("sure_base", {"answer"}),
     ("sure_summaries", {"candidates"}),

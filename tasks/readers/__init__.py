@@ -7,7 +7,7 @@ from tasks.readers.concatenation import Concatenation
 from tasks.readers.cot_001 import PruningPrompt, SummaryPrompt
 from tasks.readers.fallback_001 import ConcatThenPF, PFThenConcat
 from tasks.readers.post_fusion import PostFusion
-from tasks.readers.refeed import Refeed, RefeedRefined
+from tasks.readers.refeed import Refeed, RefeedRefined, RetrieveRead
 from tasks.readers.sure import SuRe, SuReBase
 from tasks.readers.sure_ablations import SuReGeneric, SuReMCQ, SuReRanking, SuReSummaries
 
@@ -20,6 +20,7 @@ READERS: dict[str, type[Reader]] = {
     PFThenConcat.name: PFThenConcat,
     Refeed.name: Refeed,
     RefeedRefined.name: RefeedRefined,
+    RetrieveRead.name: RetrieveRead,
     SuRe.name: SuRe,
     SuReBase.name: SuReBase,
     SuReGeneric.name: SuReGeneric,

@@ -105,6 +105,7 @@ class Reader(ABC):
     votes_over_pool: bool = False  # decides over an answer pool, so the spec's `vote` setting applies
     retrieves_feedback: bool = False  # retrieves again with its own queries, so `feedback_k`/`feedback_samples` apply
     narrows_context: bool = False  # its final call may read less than the cell's retrieval (`final_context`)
+    takes_shots: bool = False  # its prompts carry seed 003's demonstrations, so `shots` applies
 
     def version_for(self, settings: ReaderSettings) -> str:
         """The prompt version of this reader under these settings (enters the generate cache keys and the

@@ -144,6 +144,7 @@ class Refeed(Reader):
     vote_version = "2"  # MODULE-2 by the answer tokens' arithmetic mean probability
     needs_logprobs = True
     retrieves_feedback = True
+    takes_shots = True
 
     def version_for(self, settings: ReaderSettings) -> str:
         version = f"{self.prompt_version}+{MODULE1_VERSION}" if settings.feedback_samples > 1 else self.prompt_version
@@ -218,6 +219,31 @@ class RefeedRefined(Refeed):
         if d.method in ("refeed-answer-prob", "refeed-no-logprobs"):  # the refined answer is the last candidate
             return Decision("refeed-refined", d.candidates, d.scores, d.candidates[-1] or "unknown")
         return d
+
+
+class RetrieveRead(Reader):
+    """Seed 003's Retrieve-Read baseline (Tables 2, 3, 5, 6; Lazaridou et al., 2022): Table 11's open-book prompt
+    over the cell's own retrieval (the question alone as the query), one greedy call, its answer taken as is. With
+    no passages (a closed-book cell) it is Table 10's QA prompt. `shots` as for REFEED."""
+
+    name = "retrieve_read"
+    prompt_version = f"{PROMPT_VERSION}-retrieve-read"
+    rounds = 1
+    takes_shots = True
+
+    def version_for(self, settings: ReaderSettings) -> str:
+        return self.prompt_version + ("" if settings.shots is None else f"+shots{settings.shots}")
+
+    def plan(self, round_no: int, item: ReaderInput, history: list[Generation], settings: ReaderSettings) -> list[Call]:
+        prompt = (refine_prompt(item.question, item.passages, None) if item.passages
+                  else fill(CLOSED_USER, question=item.question))
+        return [Call("answer", demonstrations(settings.shots), prompt, tuple(p.pid for p in item.passages),
+                     temperature=0.0, parser="answer_is")]
+
+    def decide(self, item: ReaderInput, history: list[Generation], settings: ReaderSettings | None = None) -> Decision:
+        g = next((g for g in history if g.role == "answer"), None)
+        answer = (g.parsed_answer if g is not None else "") or "unknown"
+        return Decision("single", (answer,), (1.0,), answer)
 
 
 def _p(g: Generation) -> float:
