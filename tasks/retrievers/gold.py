@@ -6,12 +6,12 @@ paragraph, so the reader sees it exactly as stored in the RetrievalRecords:
 - `random` (default; seed 001 Tables 1 and 6 "retrieval order"): inserted at a random position, seeded by the
   question id (the same position on every run and shard), only when X's top-k lacks the answer. What "lacks" means
   is the trigger:
-  - `answer` (default): no gold answer string occurs in X's retrieved text — seed 001 §4.2, "If these passages
+  - `answer` (default): no gold answer string occurs in X's retrieved text — seed 001 §4.1, "If these passages
     don't contain the answer, we randomly integrate the gold passage among the Top-5 candidate passages". The test
     is Recall@k's own (`tasks/evaluate.py`: `has_answer` over `normalized_passages` of the stored texts, SQuAD
     normalization of `ragledger/answers.py`), so a question gets the gold paragraph exactly when it is a Recall@k
     miss of X.
-  - `id`: X's top-k misses the gold paragraph id (§4.1's wording, "If the gold passage is not within the top-k
+  - `id`: X's top-k misses the gold paragraph id (§4's setup wording, "If the gold passage is not within the top-k
     passages"), the trigger before GOLD_VERSION gold-2. It also inserts when another paragraph holds the answer.
   A top-k that already holds the gold paragraph is left as retrieved under both triggers (inserting would
   duplicate it; only a normalization mismatch can leave the answer "absent" from its own paragraph).
