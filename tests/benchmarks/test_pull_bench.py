@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from tests.test_mlflow_postgres import mlflow_server  # noqa: F401  (the PostgreSQL-backed server fixture)
 from tracking.events import EventStore, new_events, stable_hash
 
 CELLS, ROWS, EXP = 16, 100_000, "pullbench"
@@ -82,12 +81,12 @@ def direct_download(url: str, logged: dict, into: Path) -> int:
     return len(files)
 
 
-def test_pull_of_100k_outcome_rows_from_mlflow_on_postgresql(benchmark, tmp_path, mlflow_server, monkeypatch,  # noqa: F811
+def test_pull_of_100k_outcome_rows_from_mlflow_on_postgresql(benchmark, tmp_path, mlflow_postgres, monkeypatch,
                                                               record_result):
     from tracking.mlflow_pull import pull
     from tracking.mlflow_sync import log_execution
 
-    url, _ = mlflow_server
+    url, _ = mlflow_postgres
     monkeypatch.setenv("RAGLEDGER_MLFLOW_TRACES", "0")  # traces need generation records, which this store has not
     monkeypatch.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     started = time.perf_counter()
