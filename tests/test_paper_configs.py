@@ -14,7 +14,9 @@ PAPERS = Path(__file__).resolve().parents[1] / "configs" / "papers"
 CONFIGS = sorted(PAPERS.glob("*.yaml"))
 
 
-def test_there_is_a_config_for_each_paper_table_and_figure():
+def test_the_paper_configs_are_present():
+    """The configs each paper section of docs/papers.md names; configs/papers/README.md (tests/test_paper_index.py)
+    indexes every table and figure, with its config or the reason there is none."""
     names = {p.stem for p in CONFIGS}
     assert {"001_table1_gold", "001_table2", "001_fig1_topk", "001_fig5_self_consistency", "001_fig6_gold_position",
             "002_fig_mrlr", "002_table_eor", "003_table2_zero_shot", "003_table4_ablation", "003_fig4_recall",
