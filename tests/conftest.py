@@ -3,8 +3,6 @@ from __future__ import annotations
 import atexit
 import functools
 import os
-import socket
-import subprocess
 import tempfile
 import uuid
 from pathlib import Path
@@ -161,29 +159,17 @@ def mlflow_postgres(tmp_path_factory):
     """One MLflow tracking server on PostgreSQL (infra/mlflow_server.sh, a fresh database) for the tests that do not
     stop it, each logging its own experiment; yields (url, the server's folder). tests/test_mlflow_pending.py starts
     its own, which it stops and starts."""
-    from ragledger.mlflow_server import MlflowServerError, PgSettings, drop_database, ensure_database
+    from tests.servers import MlflowServer
 
-    server_dir = tmp_path_factory.mktemp("mlflow-server")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    db = f"ragledger_test_{uuid.uuid4().hex[:8]}"
-    env = {**os.environ, "RAGLEDGER_PG_DB": db, "RAGLEDGER_PG_PASSWORD": PG_PASSWORD,
-           "RAGLEDGER_MLFLOW_PORT": str(port), "RAGLEDGER_MLFLOW_SERVER_DIR": str(server_dir)}
-    pg = PgSettings(database=db)
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow-server"), password=PG_PASSWORD)
     try:
-        ensure_database(pg)
-    except MlflowServerError as exc:
-        pytest.fail(f"{exc}: these tests need PostgreSQL on 127.0.0.1:5432 (started on this machine kind; "
-                    "start it with: pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start)")
-    script = [str(REPO / "infra" / "mlflow_server.sh")]
-    started = subprocess.run(["bash", *script, "start"], env=env, capture_output=True, text=True, timeout=300)
-    assert started.returncode == 0, started.stdout + started.stderr
+        server.start()
+    except Exception as exc:
+        pytest.fail(str(exc))
     try:
-        yield f"http://127.0.0.1:{port}", server_dir
+        yield server.url, server.server_dir
     finally:
-        subprocess.run(["bash", *script, "stop"], env=env, capture_output=True, text=True, timeout=60)
-        drop_database(pg)
+        server.drop()
 
 
 @functools.cache

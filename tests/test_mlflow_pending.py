@@ -10,11 +10,7 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
-import socket
-import subprocess
 import threading
-import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -22,55 +18,20 @@ import pytest
 import yaml
 
 from tests.fakes.openai_server import ScriptedServer
+from tests.servers import MlflowServer
 from tests.test_reliability import cli, make_data, outcome_table, reader, write_spec
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class MlflowServer:
-    """The project's MLflow server on a fresh PostgreSQL database, stopped and started again on the same port."""
-
-    def __init__(self, tmp_path: Path):
-        self.db = f"ragledger_test_{uuid.uuid4().hex[:8]}"
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.env = {**os.environ, "RAGLEDGER_PG_DB": self.db, "RAGLEDGER_MLFLOW_PORT": str(self.port),
-                    "RAGLEDGER_MLFLOW_SERVER_DIR": str(tmp_path / "mlflow-server")}
-
-    def _script(self, command: str) -> None:
-        done = subprocess.run(["bash", str(REPO / "infra" / "mlflow_server.sh"), command], env=self.env,
-                              capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stdout + done.stderr
-
-    def start(self) -> None:
-        self._script("start")
-
-    def stop(self) -> None:
-        self._script("stop")
-
-
 @pytest.fixture
 def mlflow_server(tmp_path):
-    from ragledger.mlflow_server import MlflowServerError, PgSettings, drop_database
-
-    server = MlflowServer(tmp_path)
-    try:
-        server.start()
-    except AssertionError as exc:
-        if "PostgreSQL" in str(exc):
-            raise MlflowServerError(f"{exc}: these tests need PostgreSQL on 127.0.0.1:5432") from None
-        raise
+    server = MlflowServer(tmp_path / "mlflow-server")
+    server.start()
     try:
         yield server
     finally:
-        server.stop()
-        drop_database(PgSettings(database=server.db))
+        server.drop()
 
 
 class StoppingProxy:

@@ -15,7 +15,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -26,6 +25,7 @@ from urllib.parse import unquote
 import pytest
 
 from tests.fakes.openai_server import ScriptedServer
+from tests.servers import free_port
 from tests.test_reliability import RAGLEDGER, cli, make_data, reader, write_spec
 
 REPO = Path(__file__).resolve().parent.parent
@@ -34,11 +34,6 @@ CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver"
 WAIT_S = 90
 TRACES = 5  # RAGLEDGER_MLFLOW_TRACES for the run: fewer than its 8 questions, so the sample is visibly bounded
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -70,7 +65,7 @@ def ui_on_experiment(tmp_path_factory):
                    "--json", str(tmp_path / "summary.json"), env={"RAGLEDGER_MLFLOW_TRACES": str(TRACES)})
         assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
-    port = _free_port()
+    port = free_port()
     with open(tmp_path / "ui.log", "w") as log:
         ui = subprocess.Popen([RAGLEDGER, "ui", "--port", str(port), "--tracking-uri", summary["tracking_uri"]],
                               cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

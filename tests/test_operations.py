@@ -9,7 +9,6 @@ import hashlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from tests.fakes.openai_server import ScriptedServer
+from tests.servers import free_port
 from tests.test_reliability import RAGLEDGER, cli, make_data, outcome_table, reader, write_spec
 
 
@@ -49,11 +49,6 @@ def test_dask_runner_gives_the_default_runners_outcomes(tmp_path):
     print(f"outcome table hash, thread runner == dask runner (2 workers): {table_hash(thread_rows)[:16]}")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _env(ws: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
@@ -63,7 +58,7 @@ def _env(ws: Path) -> dict[str, str]:
 
 def test_a_scheduled_deployment_fires_and_its_mlflow_runs_appear(tmp_path):
     make_data(tmp_path, 6)
-    port = _free_port()
+    port = free_port()
     started = cli(tmp_path, "server", "start", "--port", str(port), timeout=400, own_prefect=True)
     assert started.returncode == 0, started.stdout + started.stderr
     schedule = None
@@ -192,7 +187,7 @@ def test_a_long_lived_dask_cluster_sends_each_runs_task_events_to_that_runs_pref
     with open(tmp_path / "cluster.log", "w") as log:
         cluster = subprocess.Popen([sys.executable, "-c", CLUSTER_SCRIPT], cwd=tmp_path, env=env, stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, stderr=log, text=True)
-    port = _free_port()
+    port = free_port()
     try:
         address = cluster.stdout.readline().strip()
         assert address.startswith("tcp://"), (tmp_path / "cluster.log").read_text()[-3000:]

@@ -36,7 +36,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -45,6 +44,8 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+
+from tests.servers import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 RAGLEDGER = str(Path(sys.executable).parent / "ragledger")
@@ -59,11 +60,6 @@ def run_cli(cwd: Path, *args: str, timeout: int = 900) -> subprocess.CompletedPr
     return subprocess.run([RAGLEDGER, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def vllm(tmp_path_factory):
@@ -74,7 +70,7 @@ def vllm(tmp_path_factory):
     started = time.monotonic()
     check = subprocess.run(["bash", str(REPO / "infra" / "vllm_cpu.sh"), "check"], capture_output=True, text=True)
     assert check.returncode == 0, check.stderr
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "VLLM_CPU_PORT": str(port), "VLLM_CPU_MAX_LEN": str(MAX_LEN), "VLLM_CPU_SERVED_NAME": SERVED}
     log_path = logs / "vllm-server.log"
     from ragledger.processes import die_with_parent

@@ -43,6 +43,7 @@ from tests.benchmarks.test_flow_throughput import (  # noqa: F401  (latency_serv
     K,
     latency_server,
 )
+from tests.servers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 RAGLEDGER = Path(sys.executable).parent / "ragledger"
@@ -240,7 +241,7 @@ def test_p1_cold_with_the_local_prefect_server_running(benchmark, latency_server
     and no kept embeddings, as a first run."""
     work = tmp_path / "shell"
     spec = prepared_directory(work, latency_server)
-    port = str(_free_port())
+    port = str(free_port())
     timed([str(RAGLEDGER), "server", "start", "--port", port], work)
     try:
         fresh_cache_home(work / "cache-home-served")
@@ -262,14 +263,6 @@ def test_p1_cold_with_the_local_prefect_server_running(benchmark, latency_server
         "bare_loop_command_s": round(bare["command_s"], 2), "bare_loop_s": round(bare["loop_s"], 2),
         "bare_loop_first_call_after_s": before["first_call_after_s"],
         **run_figures("run", bare, seconds, first_call, summary)})
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 CLUSTER_SCRIPT = """

@@ -10,7 +10,6 @@ import asyncio
 import json
 import random
 import re
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -21,6 +20,8 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+
+from tests.servers import free_port
 
 
 @dataclass
@@ -54,7 +55,7 @@ class ScriptedServer:
         self._rng = random.Random(self.faults.seed)
         self._in_flight = 0
         self._lock = threading.Lock()
-        self.port = _free_port()
+        self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
         app = Starlette(routes=[Route("/v1/chat/completions", self._chat, methods=["POST"]),
                                 Route("/v1/models", self._models, methods=["GET"])])
@@ -136,8 +137,3 @@ class ScriptedServer:
                                                  "total_tokens": len(prompt.split()) + len(text.split())}}
         return Response(json.dumps(payload), media_type="application/json")
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
