@@ -86,6 +86,9 @@ class Endpoint:
     backoff_max_s: float = 30.0
     # the embedded backend serves log-probability calls from a second server (ragledger.embedded.Endpoints)
     logprobs_base_url: str | None = None
+    # a server the run started on this machine (the embedded backend): it refuses connections only once it has
+    # exited, so a refused call is not retried (the run then names how the server died, ragledger/embedded.py)
+    local_server: bool = False
 
 
 # ---- one call --------------------------------------------------------------------------------------------
@@ -136,7 +139,7 @@ async def _call_with_retries(ep: Endpoint, client: Any, req: LLMRequest, unreach
     shown = redact_url(ep.base_url)  # the specs refuse URL credentials; an Endpoint built otherwise may carry them
     last_error, transport_failure = "", False
     for attempt in range(ep.max_retries + 1):
-        _fail_if_unreachable(url, unreachable_for_s, ep.max_retries + 1)
+        _fail_if_unreachable(url, unreachable_for_s)
         started = time.perf_counter()
         try:
             # the body as parsed JSON (`cast_to=object`), not a ChatCompletion model: building that model is a fifth
@@ -165,6 +168,8 @@ async def _call_with_retries(ep: Endpoint, client: Any, req: LLMRequest, unreach
         except (openai.APITimeoutError, openai.APIConnectionError) as exc:
             last_error, transport_failure = _transport_error(exc), True
             delay = None
+            if ep.local_server and _refused(exc):
+                break
         except (_Retryable, openai.APIResponseValidationError, json.JSONDecodeError) as exc:
             # malformed or truncated bodies, empty completions: what the server sent
             last_error, transport_failure = f"malformed response: {_short(exc)}", False
@@ -180,23 +185,25 @@ async def _call_with_retries(ep: Endpoint, client: Any, req: LLMRequest, unreach
             delay = min(ep.backoff_max_s, ep.backoff_base_s * 2**attempt)
             delay = delay * (0.5 + random.random())  # jitter
         await asyncio.sleep(delay)
+    attempts = f"{attempt + 1} attempt{'s' if attempt else ''}"
     if transport_failure:
-        _UNREACHABLE[url] = (time.monotonic(), last_error)
-    raise BackendError(f"{shown}: gave up after {ep.max_retries + 1} attempts; last error: {last_error}")
+        _UNREACHABLE[url] = (time.monotonic(), last_error, attempts)
+    raise BackendError(f"{shown}: gave up after {attempts}; last error: {last_error}")
 
 
 # An endpoint that a call gave up on for a transport failure (refused, reset, timed out: a server that is down
 # or hung, not one answering errors): calls to it in the next `unreachable_for_s` fail at once. Without this each
 # queued call spent its own retries (~30 s of backoff) while holding a concurrency slot, so a run whose embedded
 # server died took many minutes to fail. A later run (a schedule server's next one) tries the endpoint again.
-_UNREACHABLE: dict[str, tuple[float, str]] = {}  # endpoint URL -> (when a call gave up on it, its last error)
+# endpoint URL -> (when a call gave up on it, its last error, its attempts)
+_UNREACHABLE: dict[str, tuple[float, str, str]] = {}
 
 
-def _fail_if_unreachable(url: str, unreachable_for_s: float, attempts: int) -> None:
+def _fail_if_unreachable(url: str, unreachable_for_s: float) -> None:
     down = _UNREACHABLE.get(url)
     if down is None:
         return
-    when, error = down
+    when, error, attempts = down
     age = time.monotonic() - when
     if age > unreachable_for_s:
         _UNREACHABLE.pop(url, None)
@@ -205,7 +212,7 @@ def _fail_if_unreachable(url: str, unreachable_for_s: float, attempts: int) -> N
 
     # the attempts are named: a run may end on this line rather than on the give-up it refers to
     raise BackendError(f"{redact_url(url)}: not reachable: a call gave up on it {age:.0f} s ago after {attempts} "
-                       f"attempts (last error: {error}); not retried")
+                       f"(last error: {error}); not retried")
 
 
 def _chat_body(model: str, req: LLMRequest) -> dict[str, Any]:
@@ -232,14 +239,23 @@ class _Retryable(Exception):
     pass
 
 
-def _transport_error(exc: Any) -> str:
-    """Name a transport failure by its root cause. The aiohttp transport reports a refused connection as a
-    connect *timeout* (openai.APITimeoutError), which sends a user looking at timeouts, not at a server that
-    is down; the root cause (ConnectionRefusedError, a reset, a read timeout) says which it was."""
+def _causes(exc: BaseException) -> list[BaseException]:
     chain, cause = [], exc.__cause__ or exc.__context__
     while cause is not None and len(chain) < 8:
         chain.append(cause)
         cause = cause.__cause__ or cause.__context__
+    return chain
+
+
+def _refused(exc: BaseException) -> bool:
+    return any(isinstance(c, ConnectionRefusedError) for c in _causes(exc))
+
+
+def _transport_error(exc: Any) -> str:
+    """Name a transport failure by its root cause. The aiohttp transport reports a refused connection as a
+    connect *timeout* (openai.APITimeoutError), which sends a user looking at timeouts, not at a server that
+    is down; the root cause (ConnectionRefusedError, a reset, a read timeout) says which it was."""
+    chain = _causes(exc)
     if not chain:
         return type(exc).__name__
     refused = any(isinstance(c, ConnectionError) for c in chain)  # refused, reset, aborted (not TimeoutError)

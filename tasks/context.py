@@ -54,6 +54,7 @@ def llm_client_for(spec: ExperimentSpec, base_url: str, store_root: str, logprob
         concurrency=process_concurrency(spec.model.concurrency),
         timeout_s=spec.model.timeout_s,
         max_retries=spec.model.max_retries,
+        local_server=spec.model.backend == "embedded",
     )
     return LLMClient(endpoint, backend_identity(spec, base_url),
                      cache=_llm_cache(str(StoreLayout.of(store_root).llm_cache)))

@@ -213,6 +213,22 @@ def test_an_endpoint_found_down_fails_the_queued_calls_at_once(monkeypatch):
         run_on_engine(dead.complete(req(prompt="later")))
 
 
+def test_a_local_server_that_refuses_is_given_up_at_once():
+    """The embedded backend's server (`local_server`) refuses connections only once it has exited: the call gives up
+    on its first refusal, not after ~30 s of backoff, so the run can name how the server died (ragledger/embedded.py).
+    A remote endpoint keeps its retries (it may be restarting)."""
+    import socket
+
+    for local, attempts in ((True, "1 attempt;"), (False, "4 attempts;")):
+        with socket.socket() as s:  # a port that nothing listens on (one each: a give-up marks its endpoint down)
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        ep = Endpoint(f"http://127.0.0.1:{port}/v1", "m", backoff_base_s=0.01, backoff_max_s=0.02, max_retries=3,
+                      local_server=local)
+        with pytest.raises(BackendError, match=f"gave up after {attempts} last error: .*ConnectionRefusedError"):
+            run_on_engine(LLMClient(ep, backend_identity="fake", cache=None).complete(req(prompt=f"local={local}")))
+
+
 def test_a_server_answering_errors_is_not_marked_unreachable():
     """HTTP 500s come from a live server: every call keeps its own retries (it may recover)."""
     import asyncio
