@@ -233,7 +233,7 @@ def run_analysis(store_root: str | Path, experiment: str, out_dir: str | Path | 
             if k == 0:  # the first reader's EoR also at top level (MLflow metrics analysis.eor_*)
                 res.eor.update(summary)
         if res.eor:
-            files += _write_eor(res.eor, base)
+            files += _write_eor(res, base)
     files.append(_put_report(res, base, store_root))
     res.files = files
     if log_mlflow and execution is not None:
@@ -241,12 +241,19 @@ def run_analysis(store_root: str | Path, experiment: str, out_dir: str | Path | 
     return res
 
 
-def _write_eor(info: dict[str, Any], base: Path) -> list[Path]:
-    out = []
+def _write_eor(res: AnalysisResult, base: Path) -> list[Path]:
+    """eor_weights.parquet and its figure (also among the report's plots), and eor.json."""
+    from tracking import plots
+
+    info, out = res.eor, []
     if info.get("weights_table"):
+        weights = pd.DataFrame(info["weights_table"])
         p = base / "eor_weights.parquet"
-        pd.DataFrame(info["weights_table"]).to_parquet(p, index=False)
-        out.append(p)
+        weights.to_parquet(p, index=False)
+        png = plots.eor_weights(weights)
+        res.pngs["eor_weights.png"] = png
+        (base / "eor_weights.png").write_bytes(png)
+        out += [p, base / "eor_weights.png"]
     p = base / "eor.json"
     p.write_text(json.dumps({k: v for k, v in info.items() if k not in ("weights_table", "train_qids", "test_qids")},
                             indent=2, default=str))

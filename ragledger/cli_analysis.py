@@ -1,4 +1,4 @@
-"""CLI commands over stored records: query, errors, flips, hardest, analyze, trace.
+"""CLI commands over stored records: query, errors, flips, hardest, across, analyze, trace.
 
 They read the event store (and run manifests) only; none calls a model. Registered on the main
 Typer app by `register(app)` so ragledger/cli.py stays small.
@@ -272,12 +272,43 @@ def trace_cmd(
         fail(str(exc))
 
 
+def across_cmd(
+    experiments: Annotated[list[str], typer.Argument(help="experiment names; cells are sorted by the first's accuracy")],
+    store: StoreOpt = DEFAULT_STORE,
+    metric: Annotated[str, typer.Option(help="correctness: em, or semantic (the BEM stand-in)")] = "em",
+    plot: Annotated[Path | None, typer.Option(help="write the figure (PNG) here")] = None,
+    fmt: FormatOpt = "table",
+    output: OutputOpt = None,
+) -> None:
+    """Each cell's accuracy in several experiments (a sweep's datasets), sorted by the first: seed 002's
+    corpus-level figure as a table, and as a plot with --plot."""
+    from tracking.across import accuracy_across
+    from tracking.analysis import AnalysisError
+
+    if not Path(store).is_dir():
+        fail(f"--store {store}: no such directory")
+    if plot is not None and not plot.parent.is_dir():
+        fail(f"--plot {plot}: no such directory {plot.parent}")
+    try:
+        table = accuracy_across(store, experiments, metric)
+    except AnalysisError as exc:
+        fail(str(exc))
+    if plot is not None:
+        from ragledger.atomic import atomic_write_bytes
+        from tracking import plots
+
+        atomic_write_bytes(plot, plots.accuracy_across(table, experiments, metric))
+        err.print(f"figure written to {plot}")
+    emit(table, fmt, output, title=f"accuracy % ({metric}) of each cell, sorted by {experiments[0]}")
+
+
 # every command over stored records: (name, function); `register` adds them to the main app
 COMMANDS: list[tuple[str, Callable[..., None]]] = [
     ("query", query_cmd),
     ("errors", errors_cmd),
     ("flips", flips_cmd),
     ("hardest", hardest_cmd),
+    ("across", across_cmd),
     ("analyze", analyze_cmd),
     ("trace", trace_cmd),
 ]

@@ -316,3 +316,27 @@ def test_the_cli_module_imports_no_data_stack():
     code = "import sys, ragledger.cli; print(sorted(m for m in ('pandas', 'pyarrow', 'duckdb', 'pandera') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_across_sorts_cells_by_the_first_experiments_accuracy(tmp_path):
+    """Seed 002's corpus-level figure: each cell's accuracy in each experiment, sorted by the first. Hand-computed:
+    in "nq" a is right on 3 of 4 questions (75 %), b on 1 (25 %), c on 2 (50 %); in "webq" a 0 %, b 100 %, c 50 %, and
+    "webq" has a cell d (25 %) that "nq" lacks, listed last."""
+    root = tmp_path / "store"
+    build_outcome_store(root, "nq", {("a", "r"): [1, 1, 1, 0], ("b", "r"): [0, 0, 1, 0], ("c", "r"): [1, 0, 1, 0]})
+    build_outcome_store(root, "webq", {("a", "r"): [0, 0, 0, 0], ("b", "r"): [1, 1, 1, 1], ("c", "r"): [0, 1, 0, 1],
+                                       ("d", "r"): [0, 0, 0, 1]})
+    png = tmp_path / "curve.png"
+    r = CliRunner().invoke(app, ["across", "nq", "webq", "--store", str(root), "--plot", str(png), "--format", "json"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout.strip().splitlines()[-1])
+    assert [(x["cell"], x["nq"], x["webq"]) for x in rows] == [
+        ("a · r · m", 75.0, 0.0), ("c · r · m", 50.0, 50.0), ("b · r · m", 25.0, 100.0), ("d · r · m", None, 25.0)]
+    assert rows[0]["questions:nq"] == 4 and rows[3]["questions:nq"] is None
+    assert png.read_bytes().startswith(b"\x89PNG")
+    # bad input: one error line naming what is wrong, and no figure written
+    missing = CliRunner().invoke(app, ["across", "nq", "nope", "--store", str(root), "--plot", str(tmp_path / "x.png")])
+    assert missing.exit_code != 0 and "error:" in missing.output and "'nope'" in missing.output
+    assert not (tmp_path / "x.png").exists()
+    bad_dir = CliRunner().invoke(app, ["across", "nq", "--store", str(root), "--plot", str(tmp_path / "no" / "x.png")])
+    assert bad_dir.exit_code != 0 and "no such directory" in bad_dir.output

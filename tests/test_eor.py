@@ -121,8 +121,12 @@ def test_analysis_flow_reports_eor_as_a_cell_on_held_out_questions(tmp_path):
     eres = res.eor_results[cell]
     assert cell in eres.cells and eres.identity["holds"].all()  # every analysis applies to the EoR cell
     names = {str(f.relative_to(tmp_path / "analysis" / "syn")) for f in res.files}
-    assert {"eor1/rwr_heatmap.png", "eor1/inconsistency.parquet", "eor_weights.parquet", "eor.json", "report.html"} <= names
-    assert "Ensemble of Retrievers" in (tmp_path / "analysis" / "syn" / "report.html").read_text()
+    assert {"eor1/rwr_heatmap.png", "eor1/inconsistency.parquet", "eor_weights.parquet", "eor_weights.png", "eor.json",
+            "report.html"} <= names
+    report = (tmp_path / "analysis" / "syn" / "report.html").read_text()
+    assert "Ensemble of Retrievers" in report and "eor_weights.png" in report  # the weights figure is among the plots
+    png = (tmp_path / "analysis" / "syn" / "eor_weights.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and res.pngs["eor_weights.png"] == png
 
 
 # Five retrievers r1..r5 (EoR's member order: r1 is right on 3 of the 4 patterns, r2-r4 on 1, r5 on none). In A the

@@ -84,7 +84,7 @@ def correctness_matrix(outcomes: pd.DataFrame, metric: str = "em") -> tuple[np.n
         raise AnalysisError(f"correctness metric must be one of {CORRECTNESS}, got {metric!r}")
     if outcomes.empty:
         raise AnalysisError("no outcome records to analyse")
-    return cell_question_matrix(outcomes, _correct(outcomes, metric))
+    return cell_question_matrix(outcomes, correct_answers(outcomes, metric))
 
 
 def cell_question_matrix(outcomes: pd.DataFrame, values: np.ndarray, cells: list[str] | None = None,
@@ -111,7 +111,8 @@ def cell_question_matrix(outcomes: pd.DataFrame, values: np.ndarray, cells: list
     return arr[:, keep], cell_names, [q for q, k in zip(q_names, keep, strict=True) if k]
 
 
-def _correct(outcomes: pd.DataFrame, metric: str) -> np.ndarray:
+def correct_answers(outcomes: pd.DataFrame, metric: str) -> np.ndarray:
+    """Per outcome row: right under `metric` (em; semantic: the stored semantic match, EM where it was not computed)."""
     em = outcomes["em"].to_numpy(dtype=float) >= 1.0
     if metric == "em":
         return em

@@ -92,3 +92,44 @@ def error_share_bars(shares: pd.DataFrame, order: list[str]) -> bytes:
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     ax.set_title("Error decomposition per cell (seed 002; abstentions as their own class)", fontsize=10)
     return _png(fig)
+
+
+def eor_weights(weights: pd.DataFrame, threshold: float = 0.1) -> bytes:
+    """Seed 002's EoR weights, one panel per EoR cell: β per retriever (a retriever whose β falls under `threshold`
+    is dropped from the ensemble, tracking/eor.py) and w per similarity metric. `weights` is eor_weights.parquet:
+    eor_cell, param (w | beta), name, value."""
+    cells = list(dict.fromkeys(weights["eor_cell"]))
+    widest = max(len(weights[(weights["eor_cell"] == c) & (weights["param"] == "beta")]) for c in cells)
+    fig, axes = plt.subplots(len(cells), 2, figsize=(max(6, 0.6 * widest + 4), 3.2 * len(cells)), squeeze=False,
+                             layout="constrained", gridspec_kw={"width_ratios": [max(widest, 1), 2]})
+    for (ax_beta, ax_w), cell in zip(axes, cells, strict=True):
+        rows = weights[weights["eor_cell"] == cell]
+        beta, w = rows[rows["param"] == "beta"], rows[rows["param"] == "w"]
+        colors = ["#4c72b0" if v >= threshold else "#c0c0c0" for v in beta["value"]]
+        ax_beta.bar(range(len(beta)), beta["value"], color=colors)
+        ax_beta.axhline(threshold, color="#d9534f", linewidth=0.8, linestyle="--", label=f"dropped below β = {threshold}")
+        ax_beta.set_xticks(range(len(beta)), [_short(n, 30) for n in beta["name"]], rotation=45, ha="right", fontsize=8)
+        ax_beta.set_ylabel("β (retriever weight)")
+        ax_beta.set_title(_short(cell, 70), fontsize=9)
+        ax_beta.legend(fontsize=7)
+        ax_w.bar(range(len(w)), w["value"], color="#55a868")
+        ax_w.set_xticks(range(len(w)), list(w["name"]), rotation=45, ha="right", fontsize=8)
+        ax_w.set_ylabel("w (similarity weight)")
+    fig.suptitle("EoR learned weights (seed 002)", fontsize=10)
+    return _png(fig)
+
+
+def accuracy_across(table: pd.DataFrame, experiments: list[str], metric: str = "em") -> bytes:
+    """Seed 002's corpus-level figure: one line per experiment (dataset) over the cells, sorted by the first
+    experiment's accuracy (tracking/across.py)."""
+    cells = list(table["cell"])
+    fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(cells) + 3), 4.5), layout="constrained")
+    for name in experiments:
+        ax.plot(range(len(cells)), table[name], marker="o", label=name)
+    ax.set_xticks(range(len(cells)), [_short(c, 40) for c in cells], rotation=60, ha="right", fontsize=8)
+    ax.set_ylabel(f"accuracy % ({metric})")
+    ax.set_xlabel(f"cells, sorted by accuracy on {experiments[0]}")
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", linewidth=0.3)
+    ax.set_title("Accuracy of each cell across experiments (seed 002, corpus-level)", fontsize=10)
+    return _png(fig)
