@@ -151,7 +151,7 @@ class TrackingSpec(_Strict):
         return uri
 
 
-LATER_SETTINGS = ("shots", "show_initial")
+LATER_SETTINGS = ("shots", "show_initial", "candidates")
 
 
 class ReaderEntry(_Strict):
@@ -170,6 +170,8 @@ class ReaderEntry(_Strict):
                               "2's zero-shot setting")
     show_initial: bool = Field(False, description="REFEED: the refine prompt also shows the initial answer (an "
                                "ablation; Table 11 shows question, documents and instruction only)")
+    candidates: int | None = Field(None, ge=2, le=3, description="SuRe: K answer candidates (seed 004; default 2 as in "
+                                   "§4.1); 3 is Table 6's, with a reconstructed round-1 prompt")
     vote: Literal["majority", "first"] = Field("majority", description="how a reader's answer pool becomes one "
                                                "answer (Post-Fusion, Concat+PF): majority (001 eq. 2) or first "
                                                "non-unknown by passage rank; changes no model call")
@@ -257,6 +259,10 @@ class _SpecBase(_Strict):
             if isinstance(e, ReaderEntry) and e.shots is not None and not READERS[name].takes_shots:  # shots: 0 is set
                 users = sorted(n for n, r in READERS.items() if r.takes_shots)
                 raise ValueError(f"readers: {name!r} has no demonstrations, so 'shots' does not apply "
+                                 f"(it applies to {', '.join(users)})")
+            if isinstance(e, ReaderEntry) and e.candidates is not None and not READERS[name].takes_candidates:
+                users = sorted(n for n, r in READERS.items() if r.takes_candidates)
+                raise ValueError(f"readers: {name!r} asks for no answer candidates, so 'candidates' does not apply "
                                  f"(it applies to {', '.join(users)})")
             if isinstance(e, ReaderEntry) and e.vote != "majority" and not READERS[name].votes_over_pool:
                 pooled = sorted(n for n, r in READERS.items() if r.votes_over_pool)

@@ -125,6 +125,47 @@ def test_sure_makes_seven_calls_and_decides_by_v_plus_r_with_ties_to_first():
     assert d.scores == (1.5, 0.5) and d.chosen == "Carolina Panthers"
 
 
+def test_sure_with_three_candidates_ranks_every_pair_and_sums_eq_5():
+    """`candidates: 3` (seed 004 Table 6): round 1 asks for three, rounds 2-3 make 3 summaries, 3 validity checks
+    and 6 ranking calls (3 pairs, both orders), and the decision is argmax v + r with r summed over pairs (Eq. 5).
+    Hand-computed: pair (1,2) both orders name s1 -> r = (1, 0); pair (1,3) each order names its first passage
+    (order bias) -> 0.5 each; pair (2,3) only the first order readable, naming s3 -> s3 gets 1. r = (1.5, 0, 1.5);
+    validity False, False, True -> v = (0, 0, 1): scores (1.5, 0, 2.5), s3 chosen."""
+    r, three = get_reader("sure"), ReaderSettings(candidates=3)
+    (c1,) = r.plan(1, ITEM, [], three)
+    assert "provide three correct candidates" in c1.prompt and "(a) xx, (b) yy, (c) zz, and should not" in c1.prompt
+    assert r.version_for(three).endswith("+k3-reconstructed") and r.version_for(ReaderSettings()) == r.prompt_version
+    (c1_default,) = r.plan(1, ITEM, [], ReaderSettings())
+    assert "provide two correct candidates" in c1_default.prompt  # K = 2 stays the official string
+    hist = [gen(1, "candidates", "", output="(a) Panthers, (b) Broncos, (c) Patriots")]
+    assert [c.prompt.split("Prediction:")[1].split("\n")[0] for c in r.plan(2, ITEM, hist, three)] == [
+        "(a) Panthers", "(b) Broncos", "(c) Patriots"]
+    hist += [gen(2, "summary", f"S{i}") for i in (1, 2, 3)]
+    third = r.plan(3, ITEM, hist, three)
+    assert [c.role for c in third] == ["validity"] * 3 + ["rank"] * 6
+    pairs = [tuple(s for s in ("S1", "S2", "S3") if s in c.prompt) for c in third[3:]]
+    assert pairs == [("S1", "S2")] * 2 + [("S1", "S3")] * 2 + [("S2", "S3")] * 2
+    assert third[3].prompt.index("S1") < third[3].prompt.index("S2") and third[4].prompt.index("S2") < third[4].prompt.index("S1")
+    h = [*hist, gen(3, "validity", "False"), gen(3, "validity", "False"), gen(3, "validity", "True")]
+    h += [gen(3, "rank", "", output=o) for o in ("Passage 1", "Passage 2", "Passage 1", "Passage 1", "Passage 2", "no idea")]
+    d = r.decide(ITEM, h, three)
+    assert d.scores == (1.5, 0.0, 2.5) and d.chosen == "Patriots" and d.candidates == ("Panthers", "Broncos", "Patriots")
+    # two parsed of three asked: the official two-candidate rules
+    two = [gen(1, "candidates", "", output="(a) Panthers, (b) Broncos"), gen(2, "summary", "S1"), gen(2, "summary", "S2")]
+    assert [c.role for c in r.plan(3, ITEM, two, three)] == ["validity", "validity", "rank", "rank"]
+
+
+def test_candidates_applies_to_sure_only_and_names_the_cell():
+    spec = {"name": "x", "retrievers": ["bm25@10"], "readers": [{"name": "sure", "candidates": 3}]}
+    assert parse_spec(spec).reader_entries()[0].key == "sure(candidates=3)"
+    assert settings_for(parse_spec(spec).reader_entries()[0]).candidates == 3
+    assert "candidates" not in parse_spec({**spec, "readers": ["sure"]}).reader_entries()[0].settings_dict()
+    with pytest.raises(SpecError, match="'sure_base' asks for no answer candidates, so 'candidates' does not apply"):
+        parse_spec({**spec, "readers": [{"name": "sure_base", "candidates": 3}]})
+    with pytest.raises(SpecError, match="candidates"):
+        parse_spec({**spec, "readers": [{"name": "sure", "candidates": 4}]})
+
+
 def test_sure_degenerate_candidates_make_no_further_calls():
     r = get_reader("sure")
     one = [gen(1, "candidates", "", output="Paris")]

@@ -37,6 +37,7 @@ READERS: list[tuple[object, set[str]]] = [
     ({"name": "refeed", "feedback_k": 2, "feedback_samples": 2}, {"initial", "refine"}),
     ("retrieve_read", {"answer"}),
     ("sure", {"candidates"}),
+    ({"name": "sure", "candidates": 3}, {"candidates"}),  # Table 6's K = 3: its own round-1 prompt
     ("sure_base", {"answer"}),
     ("sure_summaries", {"candidates"}),
     ("sure_ranking", {"candidates"}),

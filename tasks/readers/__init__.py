@@ -42,4 +42,4 @@ def settings_for(entry, retrieve=None) -> ReaderSettings:
     return ReaderSettings(samples=entry.samples, sample_temperature=entry.sample_temperature,
                           retrieve=retrieve, feedback_k=entry.feedback_k,
                           feedback_samples=entry.feedback_samples or 1, vote=entry.vote, shots=entry.shots,
-                          show_initial=entry.show_initial)
+                          show_initial=entry.show_initial, candidates=entry.candidates)

@@ -94,6 +94,7 @@ class ReaderSettings:
     vote: str = "majority"  # how an answer pool becomes one answer (POOL_VOTES); readers with a pool use it
     shots: int | None = None  # REFEED: demonstrations in its prompts (None: all that the paper prints)
     show_initial: bool = False  # REFEED: the refine prompt shows the initial answer (an ablation)
+    candidates: int | None = None  # SuRe: K answer candidates (None: the paper's 2)
 
 
 class Reader(ABC):
@@ -106,6 +107,7 @@ class Reader(ABC):
     retrieves_feedback: bool = False  # retrieves again with its own queries, so `feedback_k`/`feedback_samples` apply
     narrows_context: bool = False  # its final call may read less than the cell's retrieval (`final_context`)
     takes_shots: bool = False  # its prompts carry seed 003's demonstrations, so `shots` applies
+    takes_candidates: bool = False  # asks for K answer candidates (SuRe), so `candidates` applies
 
     def version_for(self, settings: ReaderSettings) -> str:
         """The prompt version of this reader under these settings (enters the generate cache keys and the

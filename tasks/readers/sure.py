@@ -1,4 +1,4 @@
-"""SuRe (seed 004): Summarized Retrieval, with K = 2 answer candidates.
+"""SuRe (seed 004): Summarized Retrieval, with K = 2 answer candidates (§4.1), or 3 (`candidates: 3`, Table 6).
 
 The prompts are the strings the official implementation (GitHub bbuing9/ICLR24_SuRe, functions/*.py, the
 ChatGPT code path) builds, character for character: the paper's Listings 1-4 lost their line breaks in
@@ -16,6 +16,12 @@ Decision: argmax_k v(s_k) + r(s_k) (Eq. 6), ties to the earlier candidate, with 
 `sure_decision`. 1 + 2 + 2 + 2 = 7 calls per question; when the candidate output yields fewer than two distinct
 candidates there is nothing to choose between and rounds 2-3 make no call (the one candidate, or "unknown", is
 the answer; the official code makes the two ranking calls on 'N/A' summaries and then ties to candidate 1).
+With `candidates: 3` (Appendix B.2, Table 6) round 1 asks for three candidates with a reconstructed prompt (the
+paper prints none for K = 3 and the official code has K = 2 only: `candidates_user`), and rounds 2-3 run over the
+candidates parsed: a summary and a validity check each, every pair ranked in both orders, r(s_k) summed over the
+pairs that include s_k (Eq. 5), v(s_k) = 1 for a True verdict (Eq. 4). With two candidates the rules are the
+official ones above. Table 6's Oracle (a question counts when any candidate is right) is EM + %NM of the cell:
+its answer pool is the candidates (`pool_has_correct`).
 `sure_base` is the paper's Base (Listing 5, the official get_query_baseline): the passages and a 3-word answer
 instruction, one call; with no passages it is the paper's No retrieval.
 `sure_ranking` and `sure_summaries` are Table 3's "+ Pair-wise ranking" and "Conditional summarizations" rows
@@ -45,12 +51,28 @@ from tasks.readers.base import (
 # candidate rules (no length or abstention filter, long unmarked outputs split on commas, up to 4 choices listed)
 PROMPT_VERSION = "004-listings1-5-v4"
 VOTE_VERSION = "2"  # 2: one parseable ranking order decides alone; validity counts as get_final_pred_sure counts it
-K = 2
+K = 2  # §4.1: "we use a fixed value of K = 2 for all the experiments"
+CANDIDATE_COUNTS = (2, 3)  # the K of Table 6; the prompt's form has marks for three
 MAX_CHOICES = 4  # divide_candidates reads the marks (a)-(d); the summary prompt lists all of them as choices
 UNMARKED_MAX_PARTS = 4  # handle_except: an unmarked output of more than 4 comma parts stays one candidate
 
 # functions/gen_candidates.py get_query_candidate
 CANDIDATES_USER = "Below are {n} passages related to the question at the end. After reading the passages, provide two correct candidates for the answer to the question at the end. Each answer should be in the form: (a) xx, (b) yy, and should not exceed 3 words for each candidate.{passages}\n\nQuestion:\n{question}\n\nAnswer: "
+
+# K = 3 (Table 6): CANDIDATES_USER with the count and the form extended; reconstructed, the paper prints no prompt
+_NUMBER_WORDS = {2: "two", 3: "three"}
+_FORMS = ("xx", "yy", "zz")
+
+
+def candidates_user(k: int) -> str:
+    """Listing 1 for k candidates: the official string for k = 2; for k = 3 the same with "three correct candidates"
+    and the form "(a) xx, (b) yy, (c) zz" (reconstructed)."""
+    if k == K:
+        return CANDIDATES_USER
+    form = ", ".join(f"({chr(97 + i)}) {_FORMS[i]}" for i in range(k))
+    return (CANDIDATES_USER.replace("provide two correct candidates", f"provide {_NUMBER_WORDS[k]} correct candidates")
+            .replace("(a) xx, (b) yy", form))
+
 
 # functions/gen_summary.py gen_summary_mcq
 SUMMARY_USER = """{passages}
@@ -173,8 +195,8 @@ def parse_candidates(output: str, k: int = K) -> list[str]:
     return out[:k]
 
 
-def _parse_candidates_output(output: str) -> tuple[str, str]:
-    cands = parse_candidates(output)
+def _parse_candidates_output(output: str, k: int = K) -> tuple[str, str]:
+    cands = parse_candidates(output, k)
     return (" | ".join(cands), "ok") if cands else ("", "unparseable")
 
 
@@ -202,6 +224,7 @@ def _parse_passage_choice(output: str) -> tuple[str, str]:
 
 
 register_parser("sure_candidates", _parse_candidates_output)
+register_parser("sure_candidates3", lambda output: _parse_candidates_output(output, 3))
 register_parser("sure_summary", _parse_summary)
 register_parser("true_false", _parse_true_false)
 register_parser("passage_choice", _parse_passage_choice)
@@ -213,18 +236,20 @@ def candidates_from(history: list[Generation], k: int = K) -> list[str]:
     return parse_candidates(g.output, k) if g is not None else []
 
 
-def candidates_call(item: ReaderInput) -> Call:
-    """SuRe's round 1 (Listing 1): K candidate answers from the passages. sure_mcq, sure_ranking and
+def candidates_call(item: ReaderInput, k: int = K) -> Call:
+    """SuRe's round 1 (Listing 1): k candidate answers from the passages. sure_mcq, sure_ranking and
     sure_summaries make the same call, so the LLM-call cache serves it once to all."""
-    prompt = fill(CANDIDATES_USER, n=str(len(item.passages)), passages=passages_block(item.passages), question=item.question)
-    return Call("candidates", SYSTEM, prompt, tuple(p.pid for p in item.passages), parser="sure_candidates")
+    prompt = fill(candidates_user(k), n=str(len(item.passages)), passages=passages_block(item.passages),
+                  question=item.question)
+    parser = "sure_candidates" if k == K else f"sure_candidates{k}"
+    return Call("candidates", SYSTEM, prompt, tuple(p.pid for p in item.passages), parser=parser)
 
 
-def summary_calls(item: ReaderInput, history: list[Generation]) -> list[Call]:
-    """SuRe's round 2 (Listing 2): one summary per candidate; the choices line lists every parsed candidate, up to
-    4, as gen_summary_mcq does. [] with fewer than K candidates."""
-    cands = candidates_from(history)
-    if len(cands) < K:
+def summary_calls(item: ReaderInput, history: list[Generation], k: int = K) -> list[Call]:
+    """SuRe's round 2 (Listing 2): one summary per candidate (at most k); the choices line lists every parsed
+    candidate, up to 4, as gen_summary_mcq does. [] with fewer than two candidates."""
+    cands = candidates_from(history, k)
+    if len(cands) < 2:
         return []
     choices = choices_text(candidates_from(history, MAX_CHOICES))
     pids = tuple(p.pid for p in item.passages)
@@ -243,18 +268,27 @@ def summaries_from(history: list[Generation]) -> list[str]:
 RANK_ORDERS = ((0, 1), (1, 0))  # the first ranking call shows (s_1, s_2), the second (s_2, s_1)
 
 
+def rank_orders(n: int) -> list[tuple[int, int]]:
+    """Every pair of n summaries in both orders, pair by pair: RANK_ORDERS for two."""
+    return [order for a in range(n) for b in range(a + 1, n) for order in ((a, b), (b, a))]
+
+
 def rank_calls(item: ReaderInput, summaries: list[str]) -> list[Call]:
     return [Call("rank", SYSTEM, fill(RANK_USER, summary1=summaries[a], summary2=summaries[b], question=item.question),
-                 (), max_tokens=LABEL_MAX_TOKENS, parser="passage_choice") for a, b in RANK_ORDERS]
+                 (), max_tokens=LABEL_MAX_TOKENS, parser="passage_choice") for a, b in rank_orders(len(summaries))]
 
 
-def first_two_rounds(round_no: int, item: ReaderInput, history: list[Generation]) -> list[Call] | None:
+def candidate_count(settings: ReaderSettings | None) -> int:
+    return (settings.candidates if settings is not None else None) or K
+
+
+def first_two_rounds(round_no: int, item: ReaderInput, history: list[Generation], k: int = K) -> list[Call] | None:
     """SuRe's rounds 1-2 (candidates, then one conditional summary each), shared by `sure_ranking` and
     `sure_summaries`, whose identical calls the LLM-call cache serves once; None from round 3 on."""
     if round_no == 1:
-        return [candidates_call(item)]
+        return [candidates_call(item, k)]
     if round_no == 2:
-        return summary_calls(item, history)
+        return summary_calls(item, history, k)
     return None
 
 
@@ -263,12 +297,18 @@ class SuRe(Reader):
     prompt_version = PROMPT_VERSION
     vote_version = VOTE_VERSION
     rounds = 3
+    takes_candidates = True
+
+    def version_for(self, settings: ReaderSettings) -> str:
+        k = candidate_count(settings)
+        return self.prompt_version if k == K else f"{self.prompt_version}+k{k}-reconstructed"
 
     def plan(self, round_no: int, item: ReaderInput, history: list[Generation], settings: ReaderSettings) -> list[Call]:
-        if (calls := first_two_rounds(round_no, item, history)) is not None:
+        k = candidate_count(settings)
+        if (calls := first_two_rounds(round_no, item, history, k)) is not None:
             return calls
-        cands, summaries = candidates_from(history), summaries_from(history)
-        if len(cands) < K or len(summaries) < K:
+        cands, summaries = candidates_from(history, k), summaries_from(history)
+        if len(cands) < 2 or len(summaries) < len(cands):
             return []
         calls = [
             Call("validity", SYSTEM, fill(VALIDITY_USER, question=item.question, prediction=c, summary=s), (),
@@ -278,12 +318,12 @@ class SuRe(Reader):
         return calls + rank_calls(item, summaries)
 
     def decide(self, item: ReaderInput, history: list[Generation], settings: ReaderSettings | None = None) -> Decision:
-        cands = candidates_from(history)
+        cands = candidates_from(history, candidate_count(settings))
         if not cands:
             return Decision("sure-unparseable", (), (), "unknown")
         validity = [g for g in history if g.role == "validity"]
         ranks = [g for g in history if g.role == "rank"]
-        if len(cands) < K or len(validity) < K or len(ranks) < 2:
+        if len(cands) < 2 or len(validity) < len(cands) or len(ranks) < len(rank_orders(len(cands))):
             return single_candidate(cands)
         return sure_decision(cands, validity, ranks)
 
@@ -293,21 +333,27 @@ def single_candidate(cands: list[str]) -> Decision:
     return Decision("sure-single-candidate", tuple(cands), scores, cands[0])
 
 
-def rank_scores(ranks: list[Generation]) -> tuple[float, float]:
-    """r(s_1), r(s_2) from the two ranking orders, as the official postprocess_rank (functions/verification.py)
-    scores them: both orders name the same summary -> 1 / 0; each order names the same position (order bias) or
-    neither order is readable -> 0.5 each; exactly one order readable -> that order decides alone (1 / 0; Eq. 5
-    would give its r_pair 0.5 for the other order, the code does not).
+def rank_scores(ranks: list[Generation], n: int = K) -> tuple[float, ...]:
+    """r(s_1) .. r(s_n) from the ranking calls (`rank_orders(n)`): each pair's two orders scored as the official
+    postprocess_rank (functions/verification.py) scores them, and r(s_k) the sum over the pairs with s_k (Eq. 5;
+    one pair for two candidates). A pair: both orders name the same summary -> 1 / 0; each order names the same
+    position (order bias) or neither order is readable -> 0.5 each; exactly one order readable -> that order decides
+    alone (1 / 0; Eq. 5 would give its r_pair 0.5 for the other order, the code does not).
     Readable is wider than the official exact match "passage 1" / "passage 2": any output naming one passage
     (`_parse_passage_choice`, e.g. "Passage 1." which the official list of corner cases counts as an error)."""
-    winners = []
-    for g, order in zip(ranks, RANK_ORDERS, strict=True):
-        label, status = _parse_passage_choice(g.output or "")
-        if status == "ok":
-            winners.append(order[int(label) - 1])
-    if len(set(winners)) == 1:  # one readable order, or both naming the same summary
-        return (1.0, 0.0) if winners[0] == 0 else (0.0, 1.0)
-    return 0.5, 0.5
+    orders, totals = rank_orders(n), [0.0] * n
+    for i in range(0, len(orders), 2):
+        pair, winners = orders[i], []
+        for g, order in zip(ranks[i : i + 2], orders[i : i + 2], strict=True):
+            label, status = _parse_passage_choice(g.output or "")
+            if status == "ok":
+                winners.append(order[int(label) - 1])
+        if len(set(winners)) == 1:  # one readable order, or both naming the same summary
+            totals[winners[0]] += 1.0
+        else:
+            totals[pair[0]] += 0.5
+            totals[pair[1]] += 0.5
+    return tuple(totals)
 
 
 _NO_VERDICT_NEGATIVE = re.compile(r"\b(?:cannot|unknown)\b", re.IGNORECASE)
@@ -322,10 +368,13 @@ def validity_verdict(g: Generation) -> str:
     return "False" if _NO_VERDICT_NEGATIVE.search(g.output or "") else ""
 
 
-def validity_scores(validity: list[Generation]) -> tuple[float, float]:
+def validity_scores(validity: list[Generation]) -> tuple[float, ...]:
     """v(s_1), v(s_2) (Eq. 4) where get_final_pred_sure lets validity count: both True (1, 1), both False (0, 0),
     one True and the other False / Cannot / Unknown (1, 0). One True and the other giving no verdict: the official
-    code decides by ranking alone, so (0, 0) (Eq. 4 would give (1, 0))."""
+    code decides by ranking alone, so (0, 0) (Eq. 4 would give (1, 0)). Three or more summaries (`candidates: 3`,
+    which the official code does not have): Eq. 4 as printed, 1 for a True verdict, else 0."""
+    if len(validity) != 2:
+        return tuple(1.0 if validity_verdict(g) == "True" else 0.0 for g in validity)
     v1, v2 = (validity_verdict(g) for g in validity)
     if {v1, v2} == {"True", "False"} or v1 == v2 == "True":
         return (1.0 if v1 == "True" else 0.0), (1.0 if v2 == "True" else 0.0)
@@ -341,8 +390,8 @@ def sure_decision(cands: list[str], validity: list[Generation], ranks: list[Gene
     """argmax_k v_k + r_k (Eq. 6), ties to the earlier candidate. The official get_final_pred_sure computes
     0.5 * r + 0.5 * v when validity counts and r alone otherwise: the same argmax and the same ties as v + r with
     `validity_scores` (half of it in the first case; in the second v is equal for both candidates)."""
-    v, r = validity_scores(validity), rank_scores(ranks)
-    scores = tuple(v[i] + r[i] for i in range(K))
+    v, r = validity_scores(validity), rank_scores(ranks, len(cands))
+    scores = tuple(v[i] + r[i] for i in range(len(cands)))
     return Decision("sure", tuple(cands), scores, cands[argmax_first(scores)])
 
 
