@@ -198,13 +198,14 @@ def log_to_parent(res: AnalysisResult, files: list[Path], execution: dict, base:
 
 def run_analysis(store_root: str | Path, experiment: str, out_dir: str | Path | None = None, metric: str = "em",
                  eor: bool = True, log_mlflow: bool = True, n_resamples: int = 1000, seed: int = 0,
-                 eor_train: str | None = None, eor_pooling: str = "mean") -> AnalysisResult:
+                 eor_train: str | None = None, eor_pooling: str = "mean", across: tuple[str, ...] = ()) -> AnalysisResult:
     """Analyse the latest execution of `experiment` and write (and log) the results.
 
     The main analysis covers the execution's cells on every question they share. EoR (fitted on the
     training split) is analysed like any other cell, beside its member cells, on the held-out questions
     only, so no in-sample answer is ever reported; those tables go under `eor/`. `eor_pooling`: mean (seed 002's),
-    max, majority, plurality, or search (the best on training accuracy); see tracking/eor.py.
+    max, majority, plurality, or search (the best on training accuracy); see tracking/eor.py. `across`: more
+    experiments (a sweep's other datasets) for seed 002's corpus-level figure, `accuracy_across.png` (this one first).
     """
     execution = latest_execution(store_root, experiment)
     outcomes = load_outcomes(store_root, experiment, execution)
@@ -212,6 +213,8 @@ def run_analysis(store_root: str | Path, experiment: str, out_dir: str | Path | 
     res = compute(outcomes, experiment, metric, n_resamples, seed)
     base = Path(out_dir) if out_dir else Path(store_root) / "analysis" / experiment
     files = write_outputs(res, base, store_root, report=False)
+    if across:
+        files += _write_across(res, store_root, [experiment, *across], metric, base)
     if eor:
         from tracking.eor import eor_cells
 
@@ -239,6 +242,19 @@ def run_analysis(store_root: str | Path, experiment: str, out_dir: str | Path | 
     if log_mlflow and execution is not None:
         log_to_parent(res, res.files, execution, base)
     return res
+
+
+def _write_across(res: AnalysisResult, store_root: str | Path, experiments: list[str], metric: str, base: Path) -> list[Path]:
+    """accuracy_across.parquet and its figure (also among the report's plots): tracking/across.py."""
+    from tracking import plots
+    from tracking.across import accuracy_across
+
+    table = accuracy_across(store_root, experiments, metric)
+    png = plots.accuracy_across(table, experiments, metric)
+    res.pngs["accuracy_across.png"] = png
+    table.to_parquet(base / "accuracy_across.parquet", index=False)
+    (base / "accuracy_across.png").write_bytes(png)
+    return [base / "accuracy_across.parquet", base / "accuracy_across.png"]
 
 
 def _write_eor(res: AnalysisResult, base: Path) -> list[Path]:
@@ -273,8 +289,10 @@ def _eor_summary(eres: AnalysisResult, cell: str, members: list[str]) -> dict[st
 
 @flow(name="ragledger-analyze", version=ANALYSIS_VERSION)
 def analyze_flow(store_root: str, experiment: str, out_dir: str | None = None, metric: str = "em", eor: bool = True,
-                 log_mlflow: bool = True, eor_train: str | None = None, eor_pooling: str = "mean") -> dict[str, Any]:
-    res = run_analysis(store_root, experiment, out_dir, metric, eor, log_mlflow, eor_train=eor_train, eor_pooling=eor_pooling)
+                 log_mlflow: bool = True, eor_train: str | None = None, eor_pooling: str = "mean",
+                 across: tuple[str, ...] = ()) -> dict[str, Any]:
+    res = run_analysis(store_root, experiment, out_dir, metric, eor, log_mlflow, eor_train=eor_train, eor_pooling=eor_pooling,
+                       across=tuple(across))
     return {"experiment": experiment, "metric": metric, "questions": res.questions, "cells": res.cells,
             "files": [str(f) for f in res.files], "parent_run_id": res.parent_run_id, "tracking_uri": res.tracking_uri,
             "dropped_questions": res.dropped_questions,

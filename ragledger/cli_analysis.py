@@ -232,6 +232,8 @@ def analyze_cmd(
                                                        "split of this experiment's questions)")] = None,
     eor_pooling: Annotated[str, typer.Option("--eor-pooling", help="EoR pooling: mean (seed 002's), max, majority, "
                                              "plurality, or search (the best of the four on training accuracy)")] = "mean",
+    across: Annotated[list[str] | None, typer.Option("--across", help="another experiment (a sweep's other dataset) "
+                                                     "for seed 002's corpus-level figure; repeat for more")] = None,
     mlflow_uri: MlflowPullOpt = None,
 ) -> None:
     """Run the analysis flow: RWR/MRLR, error decomposition, statistics, EoR; plots + tables + report to MLflow."""
@@ -248,7 +250,8 @@ def analyze_cmd(
     if not Path(store).is_dir():
         fail(f"--store {store}: no such directory")
     try:
-        r = analyze_flow(store, experiment, str(out) if out else None, metric, eor, mlflow, eor_train, eor_pooling)
+        r = analyze_flow(store, experiment, str(out) if out else None, metric, eor, mlflow, eor_train, eor_pooling,
+                         tuple(across or ()))
     except AnalysisError as exc:
         fail(str(exc))
     print_analysis(r)

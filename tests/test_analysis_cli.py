@@ -340,3 +340,20 @@ def test_across_sorts_cells_by_the_first_experiments_accuracy(tmp_path):
     assert not (tmp_path / "x.png").exists()
     bad_dir = CliRunner().invoke(app, ["across", "nq", "--store", str(root), "--plot", str(tmp_path / "no" / "x.png")])
     assert bad_dir.exit_code != 0 and "no such directory" in bad_dir.output
+
+
+def test_analyze_across_puts_the_corpus_level_figure_in_the_report(tmp_path, prefect_harness):
+    """`ragledger analyze nq --across webq`: the analysis of nq also writes seed 002's corpus-level figure over both
+    experiments (nq first), as a table, a PNG and a plot of report.html."""
+    root = tmp_path / "store"
+    build_outcome_store(root, "nq", {("a", "r"): [1, 1, 1, 0], ("b", "r"): [0, 0, 1, 0]})
+    build_outcome_store(root, "webq", {("a", "r"): [0, 0, 0, 0], ("b", "r"): [1, 1, 1, 1]})
+    r = CliRunner().invoke(app, ["analyze", "nq", "--store", str(root), "--no-eor", "--no-mlflow", "--across", "webq"])
+    assert r.exit_code == 0, r.output
+    base = root / "analysis" / "nq"
+    table = pd.read_parquet(base / "accuracy_across.parquet")
+    assert table[["cell", "nq", "webq"]].values.tolist() == [["a · r · m", 75.0, 0.0], ["b · r · m", 25.0, 100.0]]
+    assert (base / "accuracy_across.png").read_bytes().startswith(b"\x89PNG")
+    assert "accuracy_across.png" in (base / "report.html").read_text()
+    bad = CliRunner().invoke(app, ["analyze", "nq", "--store", str(root), "--no-eor", "--no-mlflow", "--across", "nope"])
+    assert bad.exit_code != 0 and "'nope'" in bad.output
