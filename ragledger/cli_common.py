@@ -50,10 +50,21 @@ def usage_error(message: str) -> BaseException:
     return SpecError(message)
 
 
+def check_corpus(name: str, paths: tuple[str, ...], faiss: str | None = None) -> None:
+    """The corpus as given: its files read and hashed (once per file, tasks/retrievers/corpus.py), or its index
+    opened and its stored documents checked; and its FAISS directory, when it names one."""
+    from tasks.retrievers.corpus import Corpus
+
+    corpus = Corpus.load(name, paths, faiss, log=lambda line: err.print(line, highlight=False))
+    if corpus.index_dir is not None:
+        from tasks.retrievers.lucene import PassageStore
+
+        PassageStore(corpus.index_dir, unquote_titles=True).check_stored()
+
+
 def preflight(spec: AnySpec) -> None:
     """Check every input before anything is written or any model is called (every dataset of a sweep)."""
     from ragledger.datasets import DatasetError, load_questions
-    from ragledger.paths import resolve_data_path
     from schemas.spec import SweepSpec
     from tasks.retrievers import parse_retriever
 
@@ -64,9 +75,7 @@ def preflight(spec: AnySpec) -> None:
             where = f"dataset[{i}]" if isinstance(spec, SweepSpec) else "dataset"
             raise DatasetError(f"{where}.path: {exc}") from None
     if any(parse_retriever(r).needs_corpus for r in spec.retrievers):
-        for p in spec.corpus.paths:
-            if not resolve_data_path(p).is_file():
-                raise DatasetError(f"corpus.paths: {resolve_data_path(p)}: file not found")
+        check_corpus(spec.corpus.name, tuple(spec.corpus.paths), spec.corpus.faiss)
     if spec.model.backend == "openai":
         from ragledger.llm import api_key_from_env
 

@@ -14,15 +14,12 @@ import gzip
 import hashlib
 import io
 import json
-from collections.abc import Iterator
+from array import array
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ragledger.paths import file_identity, resolve_data_path
-
-if TYPE_CHECKING:  # imported by the corpus readers that use it: checking a dataset needs no pandas
-    import pandas as pd
 
 
 class DatasetError(ValueError):
@@ -37,11 +34,11 @@ class Question:
     gold_pids: list[str] = field(default_factory=list)
 
 
-def _open_text(path: Path) -> io.TextIOBase:
+def _open_text(path: Path, newline: str = "") -> io.TextIOBase:
     if not path.is_file():
         raise DatasetError(f"{path}: file not found")
     raw = gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")  # noqa: SIM115 (closed by the wrapper)
-    return io.TextIOWrapper(raw, encoding="utf-8", errors="strict", newline="")
+    return io.TextIOWrapper(raw, encoding="utf-8", errors="strict", newline=newline)
 
 
 def _read_all(path: Path) -> str:
@@ -214,10 +211,33 @@ def sample_questions(questions: list[Question], limit: int | None, seed: int) ->
 
 # ---- corpus -------------------------------------------------------------------------------------
 
-def load_squad_corpus(paths: list[str]) -> pd.DataFrame:
-    """All paragraphs of the given SQuAD files as a passage table (pid, title, text)."""
-    rows = []
-    seen: set[str] = set()
+CORPUS_FILE_KINDS = ("squad-paragraphs", "jsonl", "dpr-tsv")
+DPR_TSV_HEADER = ["id", "text", "title"]  # psgs_w100.tsv, DPR's Wikipedia split (Karpukhin et al.)
+
+
+def iter_corpus(name: str, paths: list[str], shape: dict | None = None) -> Iterator[tuple[int, str, str, str]]:
+    """The passages of a corpus file (or files), streamed in file order as (row, pid, title, text): nothing of the
+    corpus is held beyond the passage at hand, so a 21-million-passage file streams in constant memory. Malformed
+    rows raise DatasetError naming file, row and field; duplicate ids are checked by `check_unique_ids`. `shape`, when
+    given, learns whether every row of a JSON-lines file is exactly {id, contents} (`contents_only`): Anserini's own
+    input, which an index build then reads in place."""
+    if name == "squad-paragraphs":
+        yield from _iter_squad_corpus(paths)
+        return
+    if len(paths) != 1:
+        raise DatasetError(f"corpus.paths: a {name} corpus takes exactly one file, got {len(paths)}")
+    p = resolve_data_path(paths[0])
+    if name == "jsonl":
+        yield from _iter_jsonl_corpus(p, shape if shape is not None else {})
+    elif name == "dpr-tsv":
+        yield from _iter_dpr_tsv(p)
+    else:
+        raise DatasetError(f"corpus.name: {name!r} is not a corpus file format ({', '.join(CORPUS_FILE_KINDS)})")
+
+
+def _iter_squad_corpus(paths: list[str]) -> Iterator[tuple[int, str, str, str]]:
+    """All paragraphs of the given SQuAD files (a SQuAD file is read whole: the largest is ~40 MB)."""
+    row = 0
     for path in paths:
         p = resolve_data_path(path)
         try:
@@ -227,46 +247,94 @@ def load_squad_corpus(paths: list[str]) -> pd.DataFrame:
         for article in data.get("data", []):
             title = article.get("title", "")
             for p_idx, para in enumerate(article.get("paragraphs", [])):
-                pid = squad_pid(title, p_idx)
-                if pid in seen:
-                    raise DatasetError(f"{p}: paragraph id {pid!r} occurs twice across corpus files")
-                seen.add(pid)
-                rows.append({"pid": pid, "title": title.replace("_", " "), "text": para.get("context", "")})
-    if not rows:
+                row += 1
+                yield row, squad_pid(title, p_idx), title.replace("_", " "), para.get("context", "")
+    if row == 0:
         raise DatasetError(f"corpus files {paths}: no paragraphs found")
-    import pandas as pd
-
-    return pd.DataFrame(rows)
 
 
-def load_jsonl_corpus(path: str) -> pd.DataFrame:
-    p = resolve_data_path(path)
-    rows = []
-    seen: set[str] = set()
-    for row, line in _iter_lines(p):
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DatasetError(f"{p}: row {row}: malformed JSON: {exc.msg}") from None
-        pid, text = obj.get("id"), obj.get("text")
-        if pid is None or str(pid) == "":
-            raise DatasetError(f"{p}: row {row}: field 'id' missing")
-        if not isinstance(text, str) or not text.strip():
-            raise DatasetError(f"{p}: row {row}: field 'text' is empty or missing")
-        if str(pid) in seen:
-            raise DatasetError(f"{p}: row {row}: field 'id': duplicate id {pid!r}")
-        seen.add(str(pid))
-        rows.append({"pid": str(pid), "title": str(obj.get("title") or ""), "text": text})
-    if not rows:
+def _iter_jsonl_corpus(p: Path, shape: dict) -> Iterator[tuple[int, str, str, str]]:
+    """JSON lines of {id, title?, text}; {id, contents} (Pyserini's JsonCollection) is read too, its first line as the
+    title when it has more than one."""
+    found = False
+    shape["contents_only"] = True
+    with _open_text(p, newline="\n") as fh:
+        for row, line in enumerate(_lines(fh, p), start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DatasetError(f"{p}: row {row}: malformed JSON: {exc.msg}") from None
+            if not isinstance(obj, dict):
+                raise DatasetError(f"{p}: row {row}: expected a JSON object")
+            pid, text, title = obj.get("id"), obj.get("text"), obj.get("title")
+            if len(obj) != 2 or "contents" not in obj or not isinstance(pid, str | int):
+                shape["contents_only"] = False
+            if text is None and isinstance(obj.get("contents"), str):
+                title, _, text = obj["contents"].partition("\n") if "\n" in obj["contents"] else ("", "", obj["contents"])
+            if pid is None or str(pid) == "":
+                raise DatasetError(f"{p}: row {row}: field 'id' missing")
+            if not isinstance(text, str) or not text.strip():
+                raise DatasetError(f"{p}: row {row}: field 'text' is empty or missing")
+            found = True
+            yield row, str(pid), str(title or ""), text
+    if not found:
         raise DatasetError(f"{p}: no passages found")
-    import pandas as pd
-
-    return pd.DataFrame(rows)
 
 
-def load_corpus(name: str, paths: list[str]) -> pd.DataFrame:
-    if name == "squad-paragraphs":
-        return load_squad_corpus(paths)
-    if len(paths) != 1:
-        raise DatasetError("corpus.paths: a JSONL corpus takes exactly one file")
-    return load_jsonl_corpus(paths[0])
+def _iter_dpr_tsv(p: Path) -> Iterator[tuple[int, str, str, str]]:
+    """DPR's passage TSV: a header `id<TAB>text<TAB>title`, then one passage per row (text quoted as CSV)."""
+    csv.field_size_limit(1 << 30)
+    found = False
+    with _open_text(p, newline="\n") as fh:
+        reader = csv.reader(_lines(fh, p), delimiter="\t")
+        header = next(reader, None)
+        if header != DPR_TSV_HEADER:
+            raise DatasetError(f"{p}: row 1: the header must be {chr(9).join(DPR_TSV_HEADER)!r} (DPR's psgs_w100.tsv), "
+                               f"got {chr(9).join(header or [])[:80]!r}")
+        for row, rec in enumerate(reader, start=2):
+            if len(rec) != 3:
+                raise DatasetError(f"{p}: row {row}: expected 3 tab-separated fields (id, text, title), got {len(rec)}")
+            pid, text, title = rec
+            if not pid:
+                raise DatasetError(f"{p}: row {row}: field 'id' missing")
+            if not text.strip():
+                raise DatasetError(f"{p}: row {row}: field 'text' is empty")
+            found = True
+            yield row, pid, title, text
+    if not found:
+        raise DatasetError(f"{p}: no passages found")
+
+
+def _lines(fh: io.TextIOBase, p: Path) -> Iterator[str]:
+    """Lines of a file opened with newline="\\n" (split on \\n only: str.splitlines() would also split inside text
+    holding U+2028 or U+0085), read as they come, without their line end; invalid UTF-8 is named with its file."""
+    try:
+        for line in fh:
+            yield line.rstrip("\r\n") if line.endswith("\n") else line
+    except UnicodeDecodeError as exc:
+        raise DatasetError(f"{p}: not valid UTF-8 (byte offset {exc.start})") from None
+
+
+def check_unique_ids(name: str, paths: list[str], pid_hashes: Sequence[int]) -> None:
+    """Duplicate passage ids, found in bounded memory: the caller collected one 64-bit hash per id while streaming
+    (8 bytes a passage); only when two hashes are equal is the corpus streamed again to name the rows."""
+    import numpy as np
+
+    hashes = np.sort(np.frombuffer(pid_hashes, dtype=np.uint64) if isinstance(pid_hashes, array)
+                     else np.asarray(pid_hashes, dtype=np.uint64))
+    twice = set(hashes[1:][hashes[1:] == hashes[:-1]].tolist())
+    if not twice:
+        return
+    first: dict[str, int] = {}
+    for row, pid, _, _ in iter_corpus(name, paths):
+        if pid_hash(pid) in twice:
+            if pid in first:
+                where = paths[0] if name != "squad-paragraphs" else f"corpus files {paths}"
+                raise DatasetError(f"{where}: row {row}: field 'id': duplicate id {pid!r} (first at row {first[pid]})")
+            first[pid] = row
+
+
+def pid_hash(pid: str) -> int:
+    return int.from_bytes(hashlib.blake2b(pid.encode("utf-8"), digest_size=8).digest(), "little")

@@ -70,12 +70,17 @@ class DatasetEntry(DatasetSpec):
 
 
 class CorpusSpec(_Strict):
-    name: Literal["squad-paragraphs", "jsonl"] = Field("squad-paragraphs", description="the paragraphs of SQuAD "
-                                                      "files, or a JSONL of {id, title?, text}")
+    name: Literal["squad-paragraphs", "jsonl", "dpr-tsv", "lucene", "prebuilt"] = Field(
+        "squad-paragraphs", description="the paragraphs of SQuAD files; a JSONL of {id, title?, text}; DPR's passage "
+        "TSV (id, text, title); an existing Lucene index with stored documents; or a Pyserini prebuilt index by name")
     paths: list[str] = Field(
-        default_factory=lambda: ["squad/dev-v1.1.json.gz", "squad/train-v1.0.json.gz"],
-        description="SQuAD JSON files whose paragraphs form the corpus, or one JSONL of {id, title?, text}",
+        default_factory=lambda: ["squad/dev-v1.1.json.gz", "squad/train-v1.0.json.gz"], min_length=1,
+        description="SQuAD JSON files, or the one JSONL / TSV file, or the Lucene index folder, or the prebuilt "
+                    "index's name (e.g. wikipedia-dpr-100w); files relative to the data dir unless absolute",
     )
+    faiss: str | None = Field(None, description="a FAISS index directory in Pyserini's layout ('index', 'docid') over "
+                              "these passages, which dense@k searches instead of building its own; its vectors must be "
+                              "the bundled encoder's (all-MiniLM-L6-v2, the query encoder here)")
 
 
 class ModelSpec(_Strict):
@@ -306,6 +311,12 @@ class ExperimentSpec(_SpecBase):
         payload = self.model_dump(exclude={"tracking", "description", "execution"})
         if not self.dataset.closed_book_filter:  # specs without the filter keep the hash they had before it existed
             payload["dataset"].pop("closed_book_filter")
+        # likewise settings added later, unset: a corpus without a FAISS directory, a reader without a candidate count
+        if payload["corpus"]["faiss"] is None:
+            payload["corpus"].pop("faiss")
+        for entry in payload["readers"]:
+            if isinstance(entry, dict) and entry.get("candidates") is None:
+                entry.pop("candidates", None)
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
     def expand(self) -> list[ExperimentSpec]:
@@ -404,11 +415,19 @@ def load_spec(path: str | Path) -> AnySpec:
     return parse_spec(data, str(path))
 
 
-def with_overrides(spec: AnySpec, limit: int | None = None, embedded: bool = False, source: str = "<spec>") -> AnySpec:
-    """The spec with command-line overrides: `limit` questions per dataset, and/or the embedded CPU model in place of
-    the spec's endpoint (its sampling settings kept). A paper config sized for a vLLM server then runs on a laptop
-    as `ragledger run SPEC --embedded --limit 10`; the overrides enter the spec hash like any other change."""
+def with_overrides(spec: AnySpec, limit: int | None = None, embedded: bool = False, corpus: str | None = None,
+                   source: str = "<spec>") -> AnySpec:
+    """The spec with command-line overrides: `limit` questions per dataset, the embedded CPU model in place of the
+    spec's endpoint (its sampling settings kept), and/or another `corpus` ("KIND" with its default paths, or
+    "KIND:PATH[,PATH...]"). A paper config sized for a vLLM server and DPR's Wikipedia then runs on a laptop as
+    `ragledger run SPEC --embedded --limit 10 --corpus squad-paragraphs`; the overrides enter the spec hash like any
+    other change."""
     data = spec.model_dump(exclude_unset=False)
+    if corpus is not None:
+        kind, _, paths = corpus.partition(":")
+        data["corpus"] = {"name": kind, **({"paths": paths.split(",")} if paths else {})}
+        if not paths and kind != CorpusSpec.model_fields["name"].default:
+            raise SpecError(f"{source}: --corpus {corpus}: give the {kind} corpus's location as --corpus {kind}:PATH")
     if limit is not None:
         if limit <= 0:
             raise SpecError(f"{source}: --limit must be a positive integer, got {limit}")

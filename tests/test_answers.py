@@ -93,9 +93,9 @@ def test_passages_normalized_one_by_one_give_the_joined_context_normalized_whole
     import random
 
     from ragledger.answers import normalized_context, normalized_passages
-    from ragledger.datasets import load_squad_corpus
+    from ragledger.datasets import iter_corpus
 
-    texts = list(load_squad_corpus(["squad/dev-v1.1.json.gz"])["text"])
+    texts = [text for _, _, _, text in iter_corpus("squad-paragraphs", ["squad/dev-v1.1.json.gz"])]
     edges = ["", "...", "The", "the end, the", "—the— A. an", "  An apple ", "Ωmega—the", "\n\n", "a"]
     rng = random.Random(0)
     for _ in range(400):

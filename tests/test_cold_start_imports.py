@@ -96,9 +96,11 @@ def test_a_cached_rerun_starts_no_jvm_and_no_embedding_model(workspace, prefect_
         import ragledger.onnx_encoder
         import ragledger.semantic
         import tasks.retrievers.bm25
+        import tasks.retrievers.lucene
 
         monkeypatch.setattr(ragledger.java, "ensure_jvm", refuse("started the JVM"))
-        monkeypatch.setattr(tasks.retrievers.bm25, "_searcher", refuse("opened a BM25 searcher"))
+        monkeypatch.setattr(tasks.retrievers.bm25, "searcher", refuse("opened a BM25 searcher"))
+        monkeypatch.setattr(tasks.retrievers.lucene, "searcher", refuse("opened the corpus's index"))
         monkeypatch.setattr(ragledger.onnx_encoder, "_session", refuse("loaded the embedding model"))
         monkeypatch.setattr(ragledger.semantic, "embed", refuse("embedded answers"))
         second = run_flow(spec)

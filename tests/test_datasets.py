@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from ragledger.datasets import DatasetError, load_corpus, load_questions, sample_questions
+from ragledger.datasets import DatasetError, iter_corpus, load_questions, sample_questions
 
 
 @pytest.mark.parametrize(
@@ -32,9 +32,8 @@ def test_real_files_load_completely_with_unique_ids(data_dir, name, path, count)
 
 def test_squad_knows_gold_paragraph_and_corpus_has_it(data_dir):
     qs = load_questions("squad", "squad/dev-v1.1.json.gz")
-    corpus = load_corpus("squad-paragraphs", ["squad/dev-v1.1.json.gz", "squad/train-v1.0.json.gz"])
-    assert len(corpus) == 20963
-    pids = set(corpus["pid"])
+    pids = {pid for _, pid, _, _ in iter_corpus("squad-paragraphs", ["squad/dev-v1.1.json.gz", "squad/train-v1.0.json.gz"])}
+    assert len(pids) == 20963
     assert all(q.gold_pids and q.gold_pids[0] in pids for q in qs[:500])
 
 
@@ -92,8 +91,8 @@ def test_squad_without_data_field(tmp_path):
 def test_user_corpus_jsonl(tmp_path):
     p = tmp_path / "c.jsonl"
     write_jsonl(p, [{"id": 1, "title": "T", "text": "hello"}, {"id": "2", "text": "world"}])
-    df = load_corpus("jsonl", [str(p)])
-    assert list(df["pid"]) == ["1", "2"] and list(df["title"]) == ["T", ""]
+    rows = list(iter_corpus("jsonl", [str(p)]))
+    assert [(pid, title) for _, pid, title, _ in rows] == [("1", "T"), ("2", "")]
     write_jsonl(p, [{"id": 1, "text": ""}])
     with pytest.raises(DatasetError, match="row 1: field 'text' is empty"):
-        load_corpus("jsonl", [str(p)])
+        list(iter_corpus("jsonl", [str(p)]))

@@ -11,11 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pandas as pd
-
 from ragledger import java
-from tasks.retrievers.base import Corpus
-from tasks.retrievers.bm25 import build_bm25_index
+from tasks.retrievers.lucene import lucene_index
+from tests.corpora import jsonl_corpus
 
 REPO = Path(__file__).resolve().parents[1]
 PASSAGES = [{"pid": f"p{i}", "title": f"Topic {i}", "text": f"passage {i} about the river number {i} and its bridges"}
@@ -27,12 +25,13 @@ from pathlib import Path
 from ragledger import java
 from tasks.retrievers.base import Query
 from tasks.retrievers.bm25 import bm25_batch_search
+from tasks.retrievers.lucene import PassageStore
 
 java.ensure_jvm()
 from jnius import autoclass
 args = autoclass("java.lang.management.ManagementFactory").getRuntimeMXBean().getInputArguments()
-hits = bm25_batch_search(Path(sys.argv[1]), [Query("q", "river number 7 bridges")], 3)
-print(json.dumps({"args": [args.get(i) for i in range(args.size())], "hits": hits["q"]}))
+hits = bm25_batch_search(PassageStore(Path(sys.argv[1])), [Query("q", "river number 7 bridges")], 3)
+print(json.dumps({"args": [args.get(i) for i in range(args.size())], "hits": [[h.pid, h.score] for h in hits["q"]]}))
 """
 
 
@@ -48,7 +47,7 @@ def test_the_start_cache_is_made_with_the_index_and_a_jvm_started_from_it_finds_
     home = tmp_path / "home"
     monkeypatch.setenv("RAGLEDGER_HOME", str(home))
     said: list[str] = []
-    index = build_bm25_index(Corpus.from_frame(pd.DataFrame(PASSAGES)), tmp_path / "indexes", log=said.append)
+    index = lucene_index(jsonl_corpus(tmp_path / "corpus", PASSAGES), tmp_path / "indexes", log=said.append)
     cache = java.start_cache_path()
     assert cache is not None and cache.is_file() and cache.parent == home / "jvm"
     assert any("start-up cache" in line for line in said) and not java.start_cache_wanted()
@@ -61,7 +60,7 @@ def test_the_start_cache_is_made_with_the_index_and_a_jvm_started_from_it_finds_
     assert cached["hits"] == without["hits"] and cached["hits"][0][0] == "p7"
 
     said.clear()  # opened again: nothing more to make
-    assert build_bm25_index(Corpus.from_frame(pd.DataFrame(PASSAGES)), tmp_path / "indexes", log=said.append) == index
+    assert lucene_index(jsonl_corpus(tmp_path / "corpus", PASSAGES), tmp_path / "indexes", log=said.append) == index
     assert said == []
 
     cache.write_bytes(os.urandom(100_000))  # damaged: the JVM starts as it would without it, and says nothing

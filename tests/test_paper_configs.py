@@ -87,3 +87,30 @@ def test_gpu_configs_are_the_cpu_configs_except_for_size_and_model(name: str):
     for key in ("model", "dataset", "execution"):
         cpu.pop(key), gpu.pop(key)
     assert cpu == gpu
+
+
+OPEN_DOMAIN = {"nq-open", "triviaqa", "webquestions", "dpr-topics"}
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_a_paper_config_names_its_papers_corpus_and_says_what_to_give_when_it_is_absent(path: Path):
+    """NQ, TriviaQA and WebQuestions configs retrieve from DPR's Wikipedia, as the papers do; SQuAD ones from the SQuAD
+    paragraphs. Where the corpus is absent (here) a run stops before writing anything with one error that says what to
+    give and how; the header's embedded command names the SQuAD substitution."""
+    from ragledger.cli_common import preflight
+    from ragledger.datasets import DatasetError
+
+    spec = load_spec(path)
+    names = {e.dataset.name for e in spec.expand()}
+    header = "".join(line for line in path.read_text().splitlines(keepends=True) if line.startswith("#"))
+    if not names & OPEN_DOMAIN:
+        assert spec.corpus.name == "squad-paragraphs"
+        return
+    assert (spec.corpus.name, spec.corpus.paths) == ("dpr-tsv", ["wikipedia/psgs_w100.tsv.gz"])
+    assert re.search(r"--embedded --limit \d+ --corpus squad-paragraphs", header)
+    with pytest.raises(DatasetError) as failed:
+        preflight(with_overrides(spec, limit=3, embedded=True, source=str(path)))
+    message = str(failed.value)
+    assert "psgs_w100.tsv.gz: file not found" in message and "--corpus prebuilt:wikipedia-dpr-100w" in message
+    assert "--corpus squad-paragraphs" in message and "\n" not in message
+    preflight(with_overrides(spec, limit=3, embedded=True, corpus="squad-paragraphs", source=str(path)))

@@ -90,16 +90,15 @@ def test_ragledger_run_answers_a_cached_rerun_from_the_store_and_falls_back_to_t
 
 
 def test_the_corpus_is_kept_on_the_machine_for_its_files_as_they_are(tmp_path, monkeypatch):
-    """tasks/retrievers/base.py keeps the passage table and its hash in the cache home, named by the corpus files'
-    paths, sizes and modification times: the next load and the plan's hash read no corpus file and give the same
-    corpus, and a changed file is read and hashed afresh."""
+    """tasks/retrievers/corpus.py keeps the corpus's hash and size in the cache home, named by the corpus files'
+    identity: the next load and the plan's hash read no corpus file, and a changed file (or one replaced by a copy
+    of the same size and modification time) is read and hashed afresh. The hash is the content hash of every id,
+    title and text, streamed: equal to ragledger.hashing.stable_hash over the three lists."""
     import os
 
-    import pandas as pd
-
-    import tasks.retrievers.base as base
+    import tasks.retrievers.corpus as corpus_module
     from flows.plan import corpus_hash_for
-    from ragledger import datasets
+    from ragledger.hashing import stable_hash
     from schemas.spec import parse_spec
 
     monkeypatch.setenv("RAGLEDGER_HOME", str(tmp_path / "home"))
@@ -109,46 +108,45 @@ def test_the_corpus_is_kept_on_the_machine_for_its_files_as_they_are(tmp_path, m
     spec = parse_spec(make_spec(tmp_path, ["concatenation"]))
     paths = tuple(spec.corpus.paths)
     reads = []
-    real_read = datasets.load_corpus
+    real_read = corpus_module.iter_corpus
 
-    def counting_read(name, paths):
+    def counting_read(name, paths, shape=None):
         reads.append(paths)
-        return real_read(name, paths)
+        return real_read(name, paths, shape)
 
-    monkeypatch.setattr(datasets, "load_corpus", counting_read)
+    monkeypatch.setattr(corpus_module, "iter_corpus", counting_read)
 
-    def load_uncached() -> base.Corpus:  # the process's memo aside: only the kept table may spare a read
-        return base._load_corpus.__wrapped__(spec.corpus.name, paths, base.corpus_table_path(spec.corpus.name, paths))
+    def load_uncached() -> corpus_module.Corpus:  # the process's memo aside: only what was kept may spare a read
+        return corpus_module._file_corpus(spec.corpus.name, paths, corpus_module._identity(spec.corpus.name, paths))
 
     fresh = load_uncached()
-    assert len(reads) == 1 and len(list((tmp_path / "home" / "corpora").glob("*.parquet"))) == 1
+    assert len(reads) == 1 and len(list((tmp_path / "home" / "corpora").glob("*.json"))) == 1
+    rows = [json.loads(line) for line in corpus.read_text().splitlines()]
+    assert fresh.corpus_hash == stable_hash("corpus", [str(r["id"]) for r in rows], [r.get("title") or "" for r in rows],
+                                            [r["text"] for r in rows])
+    assert fresh.passages == len(rows)
     kept = load_uncached()
-    assert len(reads) == 1 and kept.corpus_hash == fresh.corpus_hash
-    pd.testing.assert_frame_equal(kept.passages, fresh.passages)
-    assert kept.passages.equals(base.Corpus.from_frame(real_read(spec.corpus.name, list(paths))).passages)
-    assert corpus_hash_for(spec) == fresh.corpus_hash and len(reads) == 1  # from the table's footer
+    assert len(reads) == 1 and kept == fresh
+    assert corpus_hash_for(spec) == fresh.corpus_hash and len(reads) == 1
 
     corpus.write_text(corpus.read_text().replace("Paris", "Lutetia"))
     os.utime(corpus, ns=(corpus.stat().st_atime_ns, corpus.stat().st_mtime_ns + 1_000_000))
     changed = load_uncached()
     assert len(reads) == 2 and changed.corpus_hash != fresh.corpus_hash
-    assert "Lutetia" in " ".join(changed.passages["text"])
 
-    # a damaged table is read from the files again (and kept whole again)
-    for table in (tmp_path / "home" / "corpora").glob("*.parquet"):
-        table.write_bytes(b"not parquet")
-    assert load_uncached().corpus_hash == changed.corpus_hash
-    assert len(reads) == 3 and base.corpus_hash_of(spec.corpus.name, paths) == changed.corpus_hash
+    # a damaged record is computed from the files again (and kept whole again)
+    for kept_file in (tmp_path / "home" / "corpora").glob("*.json"):
+        kept_file.write_text("not json")
+    assert load_uncached().corpus_hash == changed.corpus_hash and len(reads) == 3
 
     # a file replaced by one of the same size and modification time (`cp -p`): a new inode and ctime, read afresh;
     # and the process's own memo follows the file too
-    before = base.Corpus.load(spec.corpus.name, paths)
+    before = corpus_module.Corpus.load(spec.corpus.name, paths)
     stat = corpus.stat()
     replacement = tmp_path / "replacement.jsonl"
     replacement.write_text(corpus.read_text().replace("Lutetia", "Lutecia"))
     os.utime(replacement, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     os.replace(replacement, corpus)
     assert corpus.stat().st_size == stat.st_size and corpus.stat().st_mtime_ns == stat.st_mtime_ns
-    after = base.Corpus.load(spec.corpus.name, paths)
+    after = corpus_module.Corpus.load(spec.corpus.name, paths)
     assert len(reads) == 4 and after.corpus_hash != before.corpus_hash
-    assert "Lutecia" in " ".join(after.passages["text"])

@@ -8,14 +8,16 @@ import numpy as np
 import pytest
 
 from tasks.retrievers import parse_retriever
-from tasks.retrievers.base import Corpus, Hit, Query, Retriever
+from tasks.retrievers.base import Hit, Query, Retriever
 from tasks.retrievers.bm25 import BM25
 from tasks.retrievers.compress import Compress
+from tasks.retrievers.corpus import Corpus
 from tasks.retrievers.dense import Dense
 from tasks.retrievers.hybrid import Hybrid, merge_dedup
 from tasks.retrievers.parametric import Parametric
 from tasks.retrievers.rerank import RERANK_CANDIDATES, Rerank
 from tasks.retrievers.truncate import Truncate, truncate_hits
+from tests.corpora import jsonl_corpus
 
 PASSAGES = [
     {"pid": "p1", "title": "Broncos", "text": "The Denver Broncos won Super Bowl 50 in Santa Clara, California."},
@@ -28,10 +30,8 @@ PASSAGES = [
 
 
 @pytest.fixture(scope="module")
-def corpus() -> Corpus:
-    import pandas as pd
-
-    return Corpus.from_frame(pd.DataFrame(PASSAGES))
+def corpus(tmp_path_factory) -> Corpus:
+    return jsonl_corpus(tmp_path_factory.mktemp("corpus"), PASSAGES)
 
 
 # ---- grammar -------------------------------------------------------------------------------------
@@ -140,8 +140,10 @@ def test_dense_retrieves_offline_and_caches_the_index(corpus, tmp_path):
     assert out["q1"][0].pid == "p2" and out["q2"][0].pid == "p3"
     assert len(out["q1"]) == 2 and out["q1"][0].score >= out["q1"][1].score
     assert out["q1"][0].text == "Paris: Paris is the capital and largest city of France."
-    folders = [p.name for p in tmp_path.iterdir()]
-    assert folders == [f"dense-minilm-l6-v2-1-{corpus.corpus_hash}"]  # no temp build folder left behind
+    folders = sorted(p.name for p in tmp_path.iterdir())
+    # the vectors, and the Lucene index the hits' passages are read from; no temp build folder left behind
+    assert folders == [f"bm25-{corpus.corpus_hash}", f"dense-minilm-l6-v2-1-{corpus.corpus_hash}"]
+    folders = folders[1:]
     meta = json.loads((tmp_path / folders[0] / "ragledger-complete").read_text())
     assert meta["passages"] == len(PASSAGES) and meta["corpus_hash"] == corpus.corpus_hash
     stamp = (tmp_path / folders[0] / "vectors.npy").stat().st_mtime_ns
@@ -200,7 +202,7 @@ def test_bm25_hits_are_pyserinis_own(corpus, tmp_path):
                Query("q3", "river in Africa")]
     ours = bm25.retrieve(queries)
     env = os.environ | {"OPENAI_API_KEY": os.environ.get("OPENAI_API_KEY") or "unused-placeholder"}  # its import
-    done = subprocess.run([sys.executable, "-c", PYSERINI_SEARCH, str(bm25.index_dir), str(BM25_K1), str(BM25_B),
+    done = subprocess.run([sys.executable, "-c", PYSERINI_SEARCH, str(bm25.store.index_dir), str(BM25_K1), str(BM25_B),
                            json.dumps([[q.qid, q.text] for q in queries])], capture_output=True, text=True, env=env,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -311,12 +313,11 @@ GOLD_CORPUS = [
 def test_gold_trigger_answer_string_or_gold_id(tmp_path):
     """Seed 001 §4.2 inserts the gold passage when the top-k does not contain the answer (`answer`, the default);
     `id` inserts whenever the gold paragraph id is missing, even when another paragraph holds the answer."""
-    import pandas as pd
-
+    from tasks.retrievers.base import reader_text
     from tasks.retrievers.gold import GOLD_VERSION, GoldInsert, gold_missing
 
-    corpus = Corpus.from_frame(pd.DataFrame(GOLD_CORPUS))
-    hits = {pid: corpus.hit(pid, 1.0) for pid in corpus.passages["pid"]}
+    corpus = jsonl_corpus(tmp_path / "gold-corpus", GOLD_CORPUS)
+    hits = {p["pid"]: Hit(p["pid"], 1.0, p["title"], reader_text(p["title"], p["text"])) for p in GOLD_CORPUS}
     answer_elsewhere = [hits["sb_other"], hits["paris"]]  # lacks the gold id, holds "Denver Broncos"
     neither = [hits["sb_none"], hits["paris"]]  # lacks both
     q = Query("q1", "Which NFL team won Super Bowl 50?", ("sb_gold",), ("Denver Broncos", "Broncos"))

@@ -27,10 +27,11 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from tasks.retrievers.base import Corpus, Hit, LLMFn, LLMPrompt, Query, Retriever
+from tasks.retrievers.base import Hit, LLMFn, LLMPrompt, Query, Retriever
 from tasks.retrievers.bm25 import BM25
 from tasks.retrievers.closed_book import ClosedBook
 from tasks.retrievers.compress import Compress
+from tasks.retrievers.corpus import Corpus
 from tasks.retrievers.dense import Dense
 from tasks.retrievers.gold import POSITIONS, TRIGGERS, GoldInsert
 from tasks.retrievers.hybrid import Hybrid

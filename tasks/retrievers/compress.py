@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from tasks.readers.base import fill
-from tasks.retrievers.base import Corpus, Hit, LLMFn, LLMPrompt, Query, Retriever
+from tasks.retrievers.base import Hit, LLMFn, LLMPrompt, Query, Retriever
+from tasks.retrievers.corpus import Corpus
 from tasks.retrievers.llm_prompts import COMPRESS_MAX_TOKENS, COMPRESS_SYSTEM, COMPRESS_USER, COMPRESS_VERSION
 
 

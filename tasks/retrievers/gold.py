@@ -33,7 +33,9 @@ from pathlib import Path
 
 from ragledger.answers import has_answer, normalized_passages
 from ragledger.hashing import stable_hash
-from tasks.retrievers.base import Corpus, Hit, LLMFn, Query, Retriever
+from tasks.retrievers.base import Hit, LLMFn, Query, Retriever
+from tasks.retrievers.corpus import Corpus
+from tasks.retrievers.lucene import PassageStore
 
 POSITIONS = ("random", "first", "last")
 TRIGGERS = ("answer", "id")  # what makes `random` insert: the answer string absent (default), the gold id absent
@@ -90,20 +92,19 @@ class GoldInsert(Retriever):
         self.per_query = inner.per_query
         self.needs_corpus = True  # the gold paragraph's text comes from the corpus
         self.needs_llm = inner.needs_llm
-        self._corpus: Corpus | None = None
+        self._store: PassageStore | None = None
 
     def start_engine(self) -> None:
         self.inner.start_engine()
 
     def prepare(self, corpus: Corpus, index_root: Path, log=print) -> None:
         self.inner.prepare(corpus, index_root, log=log)
-        self._corpus = corpus
+        self._store = PassageStore.of(corpus, index_root, log=log)
 
     def retrieve(self, queries: list[Query], llm: LLMFn | None = None) -> dict[str, list[Hit]]:
-        if self._corpus is None:
+        if self._store is None:
             raise RuntimeError(f"retriever {self.name!r}: prepare() it with the corpus before retrieving")
         inner = self.inner.retrieve(queries, llm)
-        texts = self._corpus.reader_texts()
         out: dict[str, list[Hit]] = {}
         for q in queries:
             hits = inner.get(q.qid, [])
@@ -111,10 +112,10 @@ class GoldInsert(Retriever):
             if not gold_pids:
                 out[q.qid] = hits
                 continue
-            pid = next((p for p in gold_pids if p in texts), None)
-            if pid is None:
+            found = next(((p, t) for p in gold_pids if (t := self._store.passage(p)) is not None), None)
+            if found is None:
                 raise ValueError(f"retriever {self.name!r}: the gold paragraph {gold_pids[0]!r} of question {q.qid!r} is not "
                                  "in the corpus (corpus.paths must include the dataset's own file)")
-            title, text = texts[pid]
+            pid, (title, text) = found
             out[q.qid] = insert_gold(hits, Hit(pid, None, title, text), self.position, q.qid, self.trigger, q.answers)
         return out

@@ -16,8 +16,10 @@ from pathlib import Path
 import numpy as np
 
 from ragledger.semantic import embed
-from tasks.retrievers.base import Corpus, Hit, LLMFn, Query, Retriever, reader_text
+from tasks.retrievers.base import Hit, LLMFn, Query, Retriever
+from tasks.retrievers.corpus import Corpus
 from tasks.retrievers.dense import DenseIndex, build_dense_index, open_dense_index
+from tasks.retrievers.lucene import PassageStore
 
 RERANK_CANDIDATES = 50
 
@@ -37,17 +39,17 @@ class Rerank(Retriever):
         self.inner, self.k = inner, k
         self.code_version = f"rr-1({inner.code_version})"
         self.needs_corpus, self.needs_llm = inner.needs_corpus, inner.needs_llm
-        self.corpus: Corpus | None = None
+        self.store: PassageStore | None = None
         self.index: DenseIndex | None = None
 
     def prepare(self, corpus: Corpus, index_root: Path, log=print) -> None:
         self.inner.prepare(corpus, index_root, log=log)
-        self.corpus = corpus
         self.index = open_dense_index(build_dense_index(corpus, index_root, log=log))
+        self.store = PassageStore.of(corpus, index_root, log=log)
 
     def _vectors(self, hits: list[Hit]) -> np.ndarray:
-        idx, lookup = self.index, self.corpus.lookup() if self.corpus is not None else {}
-        cached = [idx is not None and h.pid in idx.row and _is_corpus_text(lookup, h) for h in hits]
+        idx, store = self.index, self.store
+        cached = [idx is not None and store is not None and h.pid in idx.row and _is_corpus_text(store, h) for h in hits]
         missing = [h.text for h, c in zip(hits, cached, strict=True) if not c]
         fresh = iter(embed(missing)) if missing else iter(())
         rows = [np.asarray(idx.vectors[idx.row[h.pid]]) if c else next(fresh) for h, c in zip(hits, cached, strict=True)]
@@ -63,7 +65,8 @@ class Rerank(Retriever):
         return out
 
 
-def _is_corpus_text(lookup: dict[str, tuple[str, str]], hit: Hit) -> bool:
-    """True when the hit carries its corpus passage unchanged (so the cached vector describes it)."""
-    entry = lookup.get(hit.pid)
-    return entry is not None and reader_text(*entry) == hit.text
+def _is_corpus_text(store: PassageStore, hit: Hit) -> bool:
+    """True when the hit carries its corpus passage unchanged (so the cached vector describes it); the candidate's
+    passage is read from the corpus's index."""
+    entry = store.passage(hit.pid)
+    return entry is not None and entry[1] == hit.text

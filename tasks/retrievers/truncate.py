@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tasks.retrievers.base import Corpus, Hit, LLMFn, Query, Retriever
+from tasks.retrievers.base import Hit, LLMFn, Query, Retriever
+from tasks.retrievers.corpus import Corpus
 
 
 def truncate_hits(hits: list[Hit], budget: int) -> list[Hit]:

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from ragledger.datasets import load_corpus, load_questions
-from tasks.retrievers.base import Corpus, Query
+from ragledger.datasets import load_questions
+from tasks.retrievers.base import Query
 from tasks.retrievers.bm25 import BM25, BM25_B, BM25_K1
+from tasks.retrievers.corpus import Corpus
 
 REPO = Path(__file__).resolve().parents[2]
 K = 10
@@ -36,9 +37,9 @@ def setup():
     os.environ.setdefault("OPENAI_API_KEY", "unused-placeholder")  # pyserini.encode refuses to import without one
     import pyserini.search.lucene  # noqa: F401
 
-    corpus = Corpus.from_frame(load_corpus("squad-paragraphs", ["squad/dev-v1.1.json.gz", "squad/train-v1.0.json.gz"]))
+    corpus = Corpus.load("squad-paragraphs", ("squad/dev-v1.1.json.gz", "squad/train-v1.0.json.gz"))
     questions = load_questions("squad", "squad/dev-v1.1.json.gz")
-    assert len(questions) == 10_570 and len(corpus.passages) == 20_963
+    assert len(questions) == 10_570 and corpus.passages == 20_963
     retriever = BM25(f"bm25@{K}", K)
     retriever.prepare(corpus, REPO / ".ragledger" / "indexes")
     return retriever, [Query(q.qid, q.question) for q in questions]
@@ -54,7 +55,7 @@ def test_pyserini_batch_search(benchmark, setup, monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", os.environ.get("OPENAI_API_KEY") or "unused-placeholder")
     from pyserini.search.lucene import LuceneSearcher
 
-    searcher = LuceneSearcher(str(retriever.index_dir))
+    searcher = LuceneSearcher(str(retriever.store.index_dir))
     searcher.set_bm25(BM25_K1, BM25_B)
     texts, qids = [q.text for q in queries], [q.qid for q in queries]
     result = benchmark.pedantic(lambda: searcher.batch_search(texts, qids, k=K, threads=THREADS), rounds=ROUNDS, warmup_rounds=1)
