@@ -193,7 +193,7 @@ def _persisted_check(the_plan: ExperimentPlan) -> Callable[[str], bool]:
 
 def _start_engines(names: list[str]) -> None:
     """Start the search engines of these retrievers (BM25: the JVM and Anserini's classes, ~1 s, mostly outside the
-    GIL) in a thread, while this one opens the retrievers (the corpus from its kept table) and retrieves."""
+    GIL) in a thread, while this one opens the retrievers (the corpus by its kept hash, its index from disk) and retrieves."""
     from tasks.retrievers import parse_retriever
 
     def start() -> None:
