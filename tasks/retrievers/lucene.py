@@ -169,6 +169,13 @@ class PassageStore:
         """(title, reader text) of a stored Lucene document."""
         return document_text(doc.get("raw"), doc.get("contents"), self.unquote_titles)
 
+    def documents(self):
+        """(pid, reader text) of every stored document, in the index's order."""
+        for i in range(self.size()):
+            doc = self._searcher.doc(i)
+            if doc is not None:
+                yield doc.get("id"), self.parse(doc)[1]
+
 
 def document_text(raw: str | None, contents: str | None, unquote_titles: bool) -> tuple[str, str]:
     """(title, reader text) from a stored document: the raw JSON's `contents`, else the stored contents field; its
@@ -194,7 +201,4 @@ def iter_passages(corpus: Corpus, store: PassageStore):
         for pid, title, text in corpus.stream():
             yield pid, reader_text(title, text)
         return
-    for i in range(store.size()):
-        doc = store._searcher.doc(i)
-        if doc is not None:
-            yield doc.get("id"), store.parse(doc)[1]
+    yield from store.documents()
