@@ -31,8 +31,12 @@ def bm25_batch_search(store: PassageStore, queries: list[Query], k: int, threads
     results = s.batch_search(q_list, id_list, int(k), int(threads))
     out = {}
     for q in queries:
-        out[q.qid] = [Hit(h.docid, h.score, *store.parse(h.lucene_document)) for h in results.get(q.qid)]
-    return out  # score: already a Python float
+        hits = []
+        for h in results.get(q.qid):
+            pid = h.docid
+            hits.append(Hit(pid, h.score, *store.of_hit(pid, h)))  # score: already a Python float
+        out[q.qid] = hits
+    return out
 
 
 class BM25(Retriever):

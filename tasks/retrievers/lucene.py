@@ -23,6 +23,7 @@ SEARCHER_CLASS = "io/anserini/search/SimpleSearcher"
 _searchers: dict[str, object] = {}
 _declared: dict[str, type] = {}  # Java class name -> its pyjnius class (_declared_class)
 _lock = threading.Lock()
+RECENT_PASSAGES = 65_536
 
 
 def lucene_index(corpus: Corpus, index_root: Path, threads: int = 2, log=print) -> Path:
@@ -134,6 +135,11 @@ class PassageStore:
     def __init__(self, index_dir: Path, unquote_titles: bool = False):
         self.index_dir, self.unquote_titles = index_dir, unquote_titles
         self._searcher = searcher(index_dir)
+        # the passages read last, at most RECENT_PASSAGES (~50 MB): a hit's stored document crosses the JNI bridge as a
+        # proxy object (~8 µs) and is parsed (~7 µs), and questions retrieve the same passages again and again (10,570
+        # SQuAD questions x 10 hits name ~1 in 5 passages twice or more); bounded, so memory does not grow with the corpus
+        self._recent: dict[str, tuple[str, str]] = {}
+        self._recent_lock = threading.Lock()
 
     @classmethod
     def of(cls, corpus: Corpus, index_root: Path, log=print) -> PassageStore:
@@ -156,8 +162,26 @@ class PassageStore:
 
     def passage(self, pid: str) -> tuple[str, str] | None:
         """(title, text as a reader sees it) of one passage, or None when the corpus has no such id."""
-        doc = self._searcher.doc(pid)
-        return None if doc is None else self.parse(doc)
+        found = self._recent.get(pid)
+        if found is None:
+            doc = self._searcher.doc(pid)
+            if doc is None:
+                return None
+            found = self.remember(pid, self.parse(doc))
+        return found
+
+    def of_hit(self, pid: str, hit) -> tuple[str, str]:
+        """(title, reader text) of a search hit with this pid (Anserini's ScoredDoc, which carries its stored document,
+        read only when the passage is not among the recent ones: each attribute of a hit is a JNI call)."""
+        found = self._recent.get(pid)
+        return found if found is not None else self.remember(pid, self.parse(hit.lucene_document))
+
+    def remember(self, pid: str, passage: tuple[str, str]) -> tuple[str, str]:
+        with self._recent_lock:
+            if len(self._recent) >= RECENT_PASSAGES:
+                self._recent.pop(next(iter(self._recent)))  # the oldest (dicts keep insertion order)
+            self._recent[pid] = passage
+        return passage
 
     def hit(self, pid: str, score: float | None) -> Hit:
         found = self.passage(pid)
@@ -166,8 +190,9 @@ class PassageStore:
         return Hit(pid, score, *found)
 
     def parse(self, doc) -> tuple[str, str]:
-        """(title, reader text) of a stored Lucene document."""
-        return document_text(doc.get("raw"), doc.get("contents"), self.unquote_titles)
+        """(title, reader text) of a stored Lucene document: its raw JSON, else its stored contents field."""
+        raw = doc.get("raw")
+        return document_text(raw, doc.get("contents") if raw is None else None, self.unquote_titles)
 
     def documents(self):
         """(pid, reader text) of every stored document, in the index's order."""
