@@ -256,29 +256,34 @@ def _iter_squad_corpus(paths: list[str]) -> Iterator[tuple[int, str, str, str]]:
 def _iter_jsonl_corpus(p: Path, shape: dict) -> Iterator[tuple[int, str, str, str]]:
     """JSON lines of {id, title?, text}; {id, contents} (Pyserini's JsonCollection) is read too, its first line as the
     title when it has more than one."""
-    found = False
-    shape["contents_only"] = True
+    found, contents_only = False, True
+    decode = json.JSONDecoder().decode  # one decoder for every line (json.loads checks its arguments per call)
     with _open_text(p, newline="\n") as fh:
         for row, line in enumerate(_lines(fh, p), start=1):
-            if not line.strip():
+            if not line or line.isspace():
                 continue
             try:
-                obj = json.loads(line)
+                obj = decode(line)
             except json.JSONDecodeError as exc:
                 raise DatasetError(f"{p}: row {row}: malformed JSON: {exc.msg}") from None
-            if not isinstance(obj, dict):
+            if type(obj) is not dict:
                 raise DatasetError(f"{p}: row {row}: expected a JSON object")
             pid, text, title = obj.get("id"), obj.get("text"), obj.get("title")
-            if len(obj) != 2 or "contents" not in obj or not isinstance(pid, str | int):
-                shape["contents_only"] = False
-            if text is None and isinstance(obj.get("contents"), str):
-                title, _, text = obj["contents"].partition("\n") if "\n" in obj["contents"] else ("", "", obj["contents"])
+            contents = obj.get("contents")
+            if text is None and type(contents) is str:
+                title, sep, text = contents.partition("\n")
+                if not sep:
+                    title, text = "", contents
+                contents_only = contents_only and len(obj) == 2 and type(pid) in (str, int)
+            else:
+                contents_only = False
             if pid is None or str(pid) == "":
                 raise DatasetError(f"{p}: row {row}: field 'id' missing")
             if not isinstance(text, str) or not text.strip():
                 raise DatasetError(f"{p}: row {row}: field 'text' is empty or missing")
             found = True
             yield row, str(pid), str(title or ""), text
+    shape["contents_only"] = contents_only
     if not found:
         raise DatasetError(f"{p}: no passages found")
 
@@ -337,4 +342,6 @@ def check_unique_ids(name: str, paths: list[str], pid_hashes: Sequence[int]) -> 
 
 
 def pid_hash(pid: str) -> int:
-    return int.from_bytes(hashlib.blake2b(pid.encode("utf-8"), digest_size=8).digest(), "little")
+    """A 64-bit hash of a passage id, stable within one process (Python's own string hash, cached on the string):
+    a corpus's ids are hashed and, on a collision, re-hashed by the same process."""
+    return hash(pid) & 0xFFFF_FFFF_FFFF_FFFF

@@ -29,6 +29,7 @@ import threading
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
+from json.encoder import encode_basestring  # type: ignore[attr-defined]  # the C encoder json.dumps uses for a str
 from pathlib import Path
 
 from ragledger.atomic import atomic_write_text
@@ -44,6 +45,7 @@ CORPUS_KINDS = (*CORPUS_FILE_KINDS, *INDEX_KINDS)
 CORPUS_INFO_VERSION = "corpus-info-1"
 LUCENE_FOOTER_BYTES = 16  # every Lucene file ends with a codec footer holding its CRC32 checksum
 PROGRESS_EVERY = 1_000_000  # passages between progress lines of the one-time read
+HASH_BATCH = 4096
 
 
 class CorpusError(DatasetError):
@@ -145,14 +147,15 @@ def stream_hash(name: str, paths: tuple[str, ...], log=None, shape: dict | None 
     count = 0
     spool_dir = _spool_dir()
     with tempfile.TemporaryFile(dir=spool_dir) as titles, tempfile.TemporaryFile(dir=spool_dir) as texts:
-        for _, pid, title, text in iter_corpus(name, list(paths), shape):
+        # in batches: one hash update and one write per HASH_BATCH passages, not per passage (a third of the time)
+        for batch in _batches(iter_corpus(name, list(paths), shape), HASH_BATCH):
             sep = b", " if count else b""
-            sha.update(sep + _json(pid))
-            titles.write(sep + _json(title))
-            texts.write(sep + _json(text))
-            hashes.append(pid_hash(pid))
-            count += 1
-            if log is not None and count % PROGRESS_EVERY == 0:
+            sha.update(sep + b", ".join([_json(pid) for _, pid, _, _ in batch]))
+            titles.write(sep + b", ".join([_json(title) for _, _, title, _ in batch]))
+            texts.write(sep + b", ".join([_json(text) for _, _, _, text in batch]))
+            hashes.extend([pid_hash(pid) for _, pid, _, _ in batch])
+            before, count = count, count + len(batch)
+            if log is not None and count // PROGRESS_EVERY > before // PROGRESS_EVERY:
                 log(f"  {count:,} passages read")
         check_unique_ids(name, list(paths), hashes)
         for spool, opening in ((titles, b"], ["), (texts, b"], [")):
@@ -162,6 +165,17 @@ def stream_hash(name: str, paths: tuple[str, ...], log=None, shape: dict | None 
                 sha.update(block)
     sha.update(b"]]")
     return sha.hexdigest()[:32], count
+
+
+def _batches(rows, size: int):
+    batch = []
+    for row in rows:
+        batch.append(row)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
 
 
 def _spool_dir() -> Path | None:
@@ -174,7 +188,8 @@ def _spool_dir() -> Path | None:
 
 
 def _json(value: str) -> bytes:
-    return json.dumps(value, ensure_ascii=False).encode("utf-8")
+    """json.dumps(value, ensure_ascii=False) of a string, without building an encoder per call (a tenth of the time)."""
+    return encode_basestring(value).encode("utf-8")
 
 
 def _index_dir(name: str, paths: tuple[str, ...]) -> Path:
