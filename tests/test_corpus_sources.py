@@ -202,3 +202,25 @@ def test_a_faiss_directory_in_pyserinis_layout_serves_dense_retrieval(tmp_path, 
     (folder / "docid").unlink()
     with pytest.raises(CorpusError, match=r"corpus.faiss: .*faiss: no 'docid' file \(Pyserini's FAISS layout"):
         Corpus.load("lucene", (str(pyserini_built),), str(folder))
+
+
+def test_a_run_on_a_pyserini_index_gives_the_outcomes_of_a_run_on_its_passage_file(tmp_path):
+    """The whole flow (warm-up, retrieve, generate, evaluate) with `--corpus lucene:INDEX` over an index Pyserini built
+    of the workspace's passages: the same outcomes as the run on the passage file itself."""
+    from tests.fakes.openai_server import ScriptedServer
+    from tests.test_reliability import cli, make_data, outcome_table, reader, write_spec
+
+    by_file, by_index = tmp_path / "file", tmp_path / "index"
+    for ws in (by_file, by_index):
+        ws.mkdir()
+        make_data(ws, 8)
+    rows = [json.loads(line) for line in (by_index / "corpus.jsonl").read_text().splitlines()]
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "docs.jsonl").write_text("".join(json.dumps({"id": r["id"], "contents": f"{r['title']}\n{r['text']}"})
+                                                         + "\n" for r in rows))
+    pyserini_index(tmp_path / "docs", tmp_path / "lucene")
+    with ScriptedServer(answer=reader) as server:
+        for ws, extra in ((by_file, []), (by_index, ["--corpus", f"lucene:{tmp_path / 'lucene'}"])):
+            proc = cli(ws, "run", str(write_spec(ws, server.base_url)), *extra)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+    assert outcome_table(by_index) == outcome_table(by_file) and len(outcome_table(by_file)) == 2 * 8
