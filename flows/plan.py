@@ -145,7 +145,7 @@ def corpus_hash_for(spec: ExperimentSpec) -> str:
         return ""
     from tasks.retrievers.corpus import Corpus
 
-    return Corpus.load(spec.corpus.name, tuple(spec.corpus.paths), spec.corpus.faiss).corpus_hash
+    return Corpus.of_spec(spec.corpus).corpus_hash
 
 
 def plan(spec: ExperimentSpec, questions: Sequence[Question], *, store_root: str | None = None,

@@ -13,7 +13,7 @@ from rich.markup import escape
 DEFAULT_STORE = ".ragledger/store"  # the spec's tracking.store default, for commands that take --store alone
 
 if TYPE_CHECKING:
-    from schemas.spec import AnySpec
+    from schemas.spec import AnySpec, CorpusSpec
 
 # wide enough for the results table when output goes to a file or CI log
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -50,16 +50,16 @@ def usage_error(message: str) -> BaseException:
     return SpecError(message)
 
 
-def check_corpus(name: str, paths: tuple[str, ...], faiss: str | None = None) -> None:
+def check_corpus(spec: CorpusSpec) -> None:
     """The corpus as given: its files read and hashed (once per file, tasks/retrievers/corpus.py), or its index
     opened and its stored documents checked; and its FAISS directory, when it names one."""
     from tasks.retrievers.corpus import Corpus
 
-    corpus = Corpus.load(name, paths, faiss, log=lambda line: err.print(line, highlight=False))
-    if corpus.index_dir is not None:
+    corpus = Corpus.of_spec(spec, log=lambda line: err.print(line, highlight=False))
+    if not corpus.built_here:
         from tasks.retrievers.lucene import PassageStore
 
-        PassageStore(corpus.index_dir, unquote_titles=True).check_stored()
+        PassageStore.given(corpus)
 
 
 def preflight(spec: AnySpec) -> None:
@@ -75,7 +75,7 @@ def preflight(spec: AnySpec) -> None:
             where = f"dataset[{i}]" if isinstance(spec, SweepSpec) else "dataset"
             raise DatasetError(f"{where}.path: {exc}") from None
     if any(parse_retriever(r).needs_corpus for r in spec.retrievers):
-        check_corpus(spec.corpus.name, tuple(spec.corpus.paths), spec.corpus.faiss)
+        check_corpus(spec.corpus)
     if spec.model.backend == "openai":
         from ragledger.llm import api_key_from_env
 

@@ -14,7 +14,6 @@ import gzip
 import hashlib
 import io
 import json
-from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -327,8 +326,7 @@ def check_unique_ids(name: str, paths: list[str], pid_hashes: Sequence[int]) -> 
     (8 bytes a passage); only when two hashes are equal is the corpus streamed again to name the rows."""
     import numpy as np
 
-    hashes = np.sort(np.frombuffer(pid_hashes, dtype=np.uint64) if isinstance(pid_hashes, array)
-                     else np.asarray(pid_hashes, dtype=np.uint64))
+    hashes = np.sort(np.asarray(pid_hashes, dtype=np.uint64))  # an array('Q') is read through its buffer
     twice = set(hashes[1:][hashes[1:] == hashes[:-1]].tolist())
     if not twice:
         return

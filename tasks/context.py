@@ -28,7 +28,7 @@ def index_root_for(store_root: str) -> Path:
 
 
 def corpus_for(spec: ExperimentSpec) -> Corpus:
-    return Corpus.load(spec.corpus.name, tuple(spec.corpus.paths), spec.corpus.faiss)
+    return Corpus.of_spec(spec.corpus)
 
 
 _retrievers: dict[tuple[str, str, str], Retriever] = {}

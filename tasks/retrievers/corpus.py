@@ -68,6 +68,11 @@ class Corpus:
         return self.passages_hash if self.faiss is None else stable_hash(self.passages_hash, index_hash(self.faiss))
 
     @classmethod
+    def of_spec(cls, spec, log=None) -> Corpus:  # spec: schemas.spec.CorpusSpec (schemas sits above this layer)
+        """The corpus a spec's `corpus` block (schemas.spec.CorpusSpec) names."""
+        return cls.load(spec.name, tuple(spec.paths), spec.faiss, log=log)
+
+    @classmethod
     def load(cls, name: str, paths: tuple[str, ...], faiss: str | None = None, log=None) -> Corpus:
         """The spec's corpus: its hash and size, kept per file identity (a passage file is read and hashed once on
         this machine, saying so to `log`) or computed from an index's files. Nothing of the passages stays in memory."""

@@ -143,10 +143,17 @@ class PassageStore:
 
     @classmethod
     def of(cls, corpus: Corpus, index_root: Path, log=print) -> PassageStore:
-        store = cls(lucene_index(corpus, index_root, log=log), unquote_titles=not corpus.built_here)
+        """The corpus's store, one per index in this process (every retriever of a run shares its recent passages):
+        the index given (`given`), or the one built here of the passage files."""
         if not corpus.built_here:
-            store.check_stored()
-        return store
+            return cls.given(corpus)
+        return _store(lucene_index(corpus, index_root, log=log), unquote_titles=False)
+
+    @classmethod
+    def given(cls, corpus: Corpus) -> PassageStore:
+        """The store of an index corpus (`lucene`, `prebuilt`), its stored documents checked on first opening."""
+        assert corpus.index_dir is not None, "a corpus of passage files has no given index"
+        return _store(corpus.index_dir, unquote_titles=True)
 
     def check_stored(self) -> None:
         """An index corpus must store its documents: without them no passage text can be shown to a reader."""
@@ -217,6 +224,21 @@ def document_text(raw: str | None, contents: str | None, unquote_titles: bool) -
     if unquote_titles and len(title) >= 2 and title[0] == title[-1] == '"':
         title = title[1:-1]
     return title, reader_text(title, text)
+
+
+_stores: dict[str, PassageStore] = {}
+
+
+def _store(index_dir: Path, unquote_titles: bool) -> PassageStore:
+    with _lock:
+        found = _stores.get(str(index_dir))
+    if found is None:
+        found = PassageStore(index_dir, unquote_titles)  # outside the lock: it starts the JVM (searcher)
+        if unquote_titles:
+            found.check_stored()
+        with _lock:
+            found = _stores.setdefault(str(index_dir), found)
+    return found
 
 
 def iter_passages(corpus: Corpus, store: PassageStore):
