@@ -435,7 +435,7 @@ def experiment_flow(spec_dict: dict, store_root: str, tracking_uri: str | None =
     manifest = layout.manifest(spec.name, time.strftime("%Y%m%dT%H%M%S"), run.run_token)
     summary.manifest = str(manifest)
     record = {"summary": asdict(summary), "segments": cell_segments, "closed_book_filter_segments": done.filter_segments,
-              "spec": safe_spec(spec_dict), "analysis_files": analysis_files}
+              "spec": safe_spec(spec_dict), "analysis_files": analysis_files, "corpus_hash": p.corpus_hash}
     logged = log_to_mlflow(store_root, str(manifest), record, summary.tracking_uri)
     clock.lap("mlflow")
     summary.mlflow_pending, summary.mlflow_synced = logged["pending"], logged["synced"]

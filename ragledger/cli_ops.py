@@ -81,7 +81,7 @@ def schedule(
         if interval is not None and interval <= 0:
             raise usage_error("--interval must be a positive number of seconds")
         if cron is not None:
-            from prefect._internal.schemas.validators import validate_cron_string
+            from ragledger.prefect_internals import validate_cron_string
 
             try:
                 validate_cron_string(cron)

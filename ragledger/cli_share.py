@@ -50,7 +50,8 @@ def pull_cmd(
     """Rebuild an experiment's event store from its MLflow runs: every record segment (checksum and schema
     checked), run manifest, spec, and its LLM calls into the call cache. Resumable; a second pull downloads
     nothing."""
-    from tracking.mlflow_log import default_tracking_uri, redact_url
+    from ragledger.secrets import redact_url
+    from tracking.mlflow_log import default_tracking_uri
     from tracking.mlflow_pull import PullError, pull
 
     uri = mlflow_uri or default_tracking_uri()

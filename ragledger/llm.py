@@ -24,16 +24,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ragledger.hashing import stable_hash
-from ragledger.llm_http import (
-    BackendError,
-    ContextOverflow,
-    Endpoint,
-    LLMRequest,
-    LLMResponse,
-    cached_response,
-    encode,
-    read_message,
-)
+from ragledger.llm_http import cached_response, encode, read_message
+from ragledger.llm_types import BackendError, ContextOverflow, Endpoint, LLMRequest, LLMResponse
 from tracking.llm_cache import LLMCallCache
 
 T = TypeVar("T")
@@ -58,13 +50,31 @@ def call_processes_for(concurrency: int) -> int:
 
 
 _REQUEST_FIELDS = tuple(f.name for f in fields(LLMRequest))
-# the keys computed in this process, by (backend, model, request): a call's key is asked for three times, by
+# the keys computed in this process, by (model identity, model name, request): a call's key is asked for three times, by
 # clients of its warm-up and its task (flows/warmup.py sends it early), and for its generation record; each
 # hashes the whole prompt. Bounded (oldest first): a shard's calls are asked for within a few thousand others
 _KEYS: dict[tuple[str, str, LLMRequest], str] = {}
 _KEYS_MAX = 20_000
 _KEYS_LOCK = threading.Lock()
 TOKEN_LOGPROBS_FORMAT = "token-logprobs-1"
+
+
+def _call_key(identity: str, model: str, req: LLMRequest) -> str:
+    memo = (identity, model, req)
+    key = _KEYS.get(memo)
+    if key is None:
+        # the fields by name, as dataclasses.asdict gives them (same key), without its 6 us deep copy: this
+        # runs on the engine loop once per call
+        request = {name: getattr(req, name) for name in _REQUEST_FIELDS}
+        # a call asking for log-probabilities caches them per token (TOKEN_LOGPROBS_FORMAT): entries from
+        # before, which kept only their mean, are not reused for it
+        fmt = (TOKEN_LOGPROBS_FORMAT,) if req.logprobs else ()
+        key = stable_hash("llm-call", identity, model, request, *fmt, length=40)
+        with _KEYS_LOCK:  # asked for on the engine loop and in task threads
+            if len(_KEYS) >= _KEYS_MAX:
+                _KEYS.pop(next(iter(_KEYS)))
+            _KEYS[memo] = key
+    return key
 
 
 @dataclass
@@ -88,26 +98,20 @@ class CallCounters:
 @dataclass
 class LLMClient:
     endpoint: Endpoint  # where and how to call: sent to the model-call process with each call
-    backend_identity: str
+    model_identity: str  # the model that answers (ragledger.llm_types.model_identity): names every call's cache key
     cache: LLMCallCache | None
     counters: CallCounters = field(default_factory=CallCounters)
+    # what call keys named before they named the model (llm_types.endpoint_identity: the server's URL); a call
+    # missing from the cache under its key is looked for under this one, and kept under its key when found
+    legacy_identity: str | None = None
 
     def cache_key(self, req: LLMRequest) -> str:
-        memo = (self.backend_identity, self.endpoint.model, req)
-        key = _KEYS.get(memo)
-        if key is None:
-            # the fields by name, as dataclasses.asdict gives them (same key), without its 6 us deep copy: this
-            # runs on the engine loop once per call
-            request = {name: getattr(req, name) for name in _REQUEST_FIELDS}
-            # a call asking for log-probabilities caches them per token (TOKEN_LOGPROBS_FORMAT): entries from
-            # before, which kept only their mean, are not reused for it
-            fmt = (TOKEN_LOGPROBS_FORMAT,) if req.logprobs else ()
-            key = stable_hash("llm-call", self.backend_identity, self.endpoint.model, request, *fmt, length=40)
-            with _KEYS_LOCK:  # asked for on the engine loop and in task threads
-                if len(_KEYS) >= _KEYS_MAX:
-                    _KEYS.pop(next(iter(_KEYS)))
-                _KEYS[memo] = key
-        return key
+        return _call_key(self.model_identity, self.endpoint.model, req)
+
+    def _legacy_key(self, req: LLMRequest) -> str | None:
+        if self.legacy_identity is None or self.legacy_identity == self.model_identity:
+            return None
+        return _call_key(self.legacy_identity, self.endpoint.model, req)
 
     async def complete(self, req: LLMRequest, rounds_after: int = 0) -> LLMResponse:
         """The response to `req`, from the cache or the model. `rounds_after`: how many rounds of the calling
@@ -130,7 +134,7 @@ class LLMClient:
             # not sent before: an identical call may have been answered already (two questions of a run with the same
             # text and passages); its cached answer now, not after every call queued ahead of this one, which would
             # leave that question's shard, and its vote and evaluation, to the end of the run
-            cached = self._cached(key) if early is None else None
+            cached = self._cached(key, req) if early is None else None
             response = cached or await (early if early is not None else self._call(loop, req, key, rounds_after))
         except asyncio.CancelledError:
             future.cancel()
@@ -152,8 +156,14 @@ class LLMClient:
         self.counters.tokens_out += response.tokens_out
         return response
 
-    def _cached(self, key: str) -> LLMResponse | None:
-        hit = self.cache.get(key) if self.cache is not None else None
+    def _cached(self, key: str, req: LLMRequest) -> LLMResponse | None:
+        if self.cache is None:
+            return None
+        hit = self.cache.get(key)
+        if hit is None and (legacy := self._legacy_key(req)) is not None:
+            hit = self.cache.get(legacy)
+            if hit is not None:  # answered before under the URL's key: kept under the model's from now on
+                self.cache.put(key, hit)
         return cached_response(hit) if hit is not None else None
 
     def _call(self, loop: asyncio.AbstractEventLoop, req: LLMRequest, key: str,
@@ -183,7 +193,9 @@ class LLMClient:
         loop = asyncio.get_running_loop()
         for req in requests:
             slot = (id(loop), self.cache_key(req))
-            if slot not in _EARLY and slot not in _INFLIGHT:
+            # a call answered under the URL's key is not sent again (the embedded model's key never changed)
+            answered = self._legacy_key(req) is not None and self._cached(slot[1], req) is not None
+            if slot not in _EARLY and slot not in _INFLIGHT and not answered:
                 task = loop.create_task(self._call(loop, req, slot[1], rounds_after))
                 task.add_done_callback(_consume_exception)  # the task that takes it over re-raises it
                 _EARLY[slot] = task

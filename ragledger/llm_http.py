@@ -28,67 +28,15 @@ import random
 import struct
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any
 
 from ragledger.call_gate import CallGate, admission_log_from_env, prefix_order_enabled
+from ragledger.llm_types import BackendError, ContextOverflow, Endpoint, LLMRequest, LLMResponse
 
+# BackendError, ContextOverflow, Endpoint, LLMRequest and LLMResponse are named here too: pickles written
+# before they moved to ragledger/llm_types.py name them as this module's
 FRAME = struct.Struct("!I")
-
-
-@dataclass(frozen=True)
-class LLMRequest:
-    system: str
-    prompt: str
-    temperature: float
-    top_p: float
-    max_tokens: int
-    seed: int
-    sample_index: int = 0
-    logprobs: bool = False
-
-
-@dataclass
-class LLMResponse:
-    text: str
-    mean_logprob: float | None
-    tokens_in: int
-    tokens_out: int
-    latency_ms: float
-    from_cache: bool = False
-    retries: int = 0
-    # (token text, log-probability) per output token, when the request asked for log-probabilities: what an
-    # answer's own mean token probability is computed from (REFEED MODULE-2, tasks/readers/base.answer_token_prob)
-    token_logprobs: list[tuple[str, float]] | None = None
-
-
-class BackendError(RuntimeError):
-    """The model endpoint failed after all retries (or refused the request outright)."""
-
-
-class ContextOverflow(BackendError):
-    """The server refused a prompt longer than its context window (HTTP 400; vLLM, llama.cpp and OpenAI word it
-    differently, `_is_context_overflow`). Sent to the parent process as itself, so the generate stage can name the
-    cell and question whose prompt it was (tasks/generate.py)."""
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """Where and how to call: everything `call_endpoint` needs, sent with each call."""
-
-    base_url: str
-    model: str
-    api_key: str = field(default="not-needed", repr=False)
-    concurrency: int = 4
-    timeout_s: float = 120.0
-    max_retries: int = 6
-    backoff_base_s: float = 0.5
-    backoff_max_s: float = 30.0
-    # the embedded backend serves log-probability calls from a second server (ragledger.embedded.Endpoints)
-    logprobs_base_url: str | None = None
-    # a server the run started on this machine (the embedded backend): it refuses connections only once it has
-    # exited, so a refused call is not retried (the run then names how the server died, ragledger/embedded.py)
-    local_server: bool = False
 
 
 # ---- one call --------------------------------------------------------------------------------------------

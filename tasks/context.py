@@ -13,12 +13,11 @@ import threading
 from pathlib import Path
 
 from ragledger.llm import LLMClient, api_key_from_env
-from ragledger.llm_http import Endpoint
+from ragledger.llm_types import Endpoint, endpoint_identity, model_identity
 from ragledger.paths import StoreLayout
 from schemas.spec import ExperimentSpec
 from tasks.retrievers import Corpus, Retriever, parse_retriever
 from tasks.stages import StageResult as StageResult  # results Prefect persisted name it tasks.context.StageResult
-from tasks.stages import backend_identity
 from tracking.llm_cache import LLMCallCache
 
 
@@ -56,8 +55,8 @@ def llm_client_for(spec: ExperimentSpec, base_url: str, store_root: str, logprob
         max_retries=spec.model.max_retries,
         local_server=spec.model.backend == "embedded",
     )
-    return LLMClient(endpoint, backend_identity(spec, base_url),
-                     cache=_llm_cache(str(StoreLayout.of(store_root).llm_cache)))
+    return LLMClient(endpoint, model_identity(spec.model), cache=_llm_cache(str(StoreLayout.of(store_root).llm_cache)),
+                     legacy_identity=endpoint_identity(spec.model, base_url))
 
 
 # Set in the worker processes of a local Dask cluster (flows.experiment.task_runner_for): how many processes

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ragledger.cell import Cell
+from ragledger.llm_types import endpoint_identity
 from schemas.spec import ExperimentSpec
 from tracking.events import EventStore, stable_hash
 
@@ -54,25 +55,16 @@ def shard_id(qids: Sequence[str]) -> str:
     return stable_hash("shard", list(qids), length=12)
 
 
-def backend_identity(spec: ExperimentSpec, base_url: str) -> str:
-    """Identity of the model behind the endpoint, for the LLM-call cache key."""
-    if spec.model.backend == "embedded":
-        from ragledger.models import BUNDLED_MODELS
-
-        return f"embedded:{BUNDLED_MODELS[spec.model.embedded_model].sha256}"
-    return f"openai-compatible:{base_url}"
-
-
-def model_identity(spec: ExperimentSpec) -> dict[str, Any]:
+def _stage_model_fields(spec: ExperimentSpec) -> dict[str, Any]:
     """What the stage keys know of the model: the spec's endpoint (not a --base-url given at run time) and sampling."""
     m = spec.model
-    return {"backend": backend_identity(spec, m.base_url or ""),
+    return {"backend": endpoint_identity(m, m.base_url or ""),
             "name": m.name if m.backend == "openai" else m.embedded_model, "temperature": m.temperature,
             "top_p": m.top_p, "max_tokens": m.max_tokens, "seed": m.seed}
 
 
 def model_key(spec: ExperimentSpec) -> str:
-    return stable_hash(model_identity(spec))
+    return stable_hash(_stage_model_fields(spec))
 
 
 @dataclass(frozen=True)

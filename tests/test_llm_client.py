@@ -22,7 +22,7 @@ def req(prompt="Q: capital of France?", **kw):
 
 def client(server, cache=None, **kw):
     endpoint = Endpoint(base_url=server.base_url, model="scripted", backoff_base_s=0.01, backoff_max_s=0.05, **kw)
-    return LLMClient(endpoint, backend_identity="fake", cache=cache)
+    return LLMClient(endpoint, model_identity="fake", cache=cache)
 
 
 def test_cache_makes_identical_calls_once(tmp_path):
@@ -63,8 +63,41 @@ def test_cache_key_covers_everything_that_changes_the_answer():
         for change in (dict(prompt="other"), dict(system="other"), dict(temperature=0.7), dict(top_p=0.9),
                        dict(max_tokens=9), dict(seed=1), dict(sample_index=1), dict(logprobs=True)):
             assert c.cache_key(req(**change)) != base, change
-        other_backend = LLMClient(Endpoint(server.base_url, "scripted"), backend_identity="other", cache=None)
+        other_backend = LLMClient(Endpoint(server.base_url, "scripted"), model_identity="other", cache=None)
         assert other_backend.cache_key(req()) != base
+
+
+def test_a_call_is_keyed_by_the_model_not_the_url_and_a_cache_keyed_by_url_still_answers(tmp_path):
+    """A server moved to another host or port answers from the calls cached before; a cache written when keys named
+    the server's URL (llm_types.endpoint_identity) answers too, and keeps the call under its new key."""
+    from dataclasses import asdict
+
+    from ragledger.llm_types import endpoint_identity, model_identity
+    from schemas.spec import ModelSpec
+    from tracking.events import stable_hash
+
+    with ScriptedServer(answer=lambda s, p, b: "Paris") as first, ScriptedServer(answer=lambda s, p, b: "Lyon") as moved:
+        def on(server, cache):
+            spec = ModelSpec(backend="openai", name="scripted", base_url=server.base_url)
+            return LLMClient(Endpoint(server.base_url, "scripted"), model_identity(spec), cache=cache,
+                             legacy_identity=endpoint_identity(spec, server.base_url))
+
+        cache = LLMCallCache(tmp_path / "c.sqlite")
+        assert run_on_engine(on(first, cache).complete(req())).text == "Paris"
+        again = run_on_engine(on(moved, cache).complete(req()))
+        assert again.text == "Paris" and again.from_cache and moved.calls == 0
+        assert on(first, None).cache_key(req()) == stable_hash("llm-call", "openai-compatible:scripted", "scripted",
+                                                               asdict(req()), length=40)
+
+        # a call cached under the URL's key, as every cache written before holds it
+        old = LLMCallCache(tmp_path / "old.sqlite")
+        url_key = stable_hash("llm-call", f"openai-compatible:{first.base_url}", "scripted", asdict(req("old")),
+                              length=40)
+        old.put(url_key, {"text": "Rome", "mean_logprob": None, "tokens_in": 3, "tokens_out": 1, "latency_ms": 5.0})
+        c = on(first, old)
+        answered = run_on_engine(c.complete(req("old")))
+        assert answered.text == "Rome" and answered.from_cache and first.calls == 1
+        assert old.get(c.cache_key(req("old")))["text"] == "Rome"  # kept under the model's key from now on
 
 
 def test_faults_are_retried_until_success():
@@ -99,7 +132,7 @@ def test_retry_after_is_honoured():
 
 def test_client_errors_are_not_retried():
     with ScriptedServer() as server:
-        c = LLMClient(Endpoint(server.base_url.replace("/v1", "/nope"), "m"), backend_identity="x", cache=None)
+        c = LLMClient(Endpoint(server.base_url.replace("/v1", "/nope"), "m"), model_identity="x", cache=None)
         with pytest.raises(BackendError, match="HTTP 404"):
             run_on_engine(c.complete(req()))
 
@@ -108,7 +141,7 @@ def test_backend_down_fails_within_bounded_time():
     import time
 
     c = LLMClient(Endpoint("http://127.0.0.1:9/v1", "m", max_retries=2, backoff_base_s=0.01, backoff_max_s=0.02,
-                           timeout_s=2), backend_identity="x", cache=None)
+                           timeout_s=2), model_identity="x", cache=None)
     t = time.perf_counter()
     with pytest.raises(BackendError, match="APIConnectionError"):
         run_on_engine(c.complete(req()))
@@ -196,7 +229,7 @@ def test_an_endpoint_found_down_fails_the_queued_calls_at_once(monkeypatch):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     dead = LLMClient(Endpoint(f"http://127.0.0.1:{port}/v1", "m", backoff_base_s=0.01, backoff_max_s=0.02, max_retries=3,
-                              concurrency=1), backend_identity="fake", cache=None)
+                              concurrency=1), model_identity="fake", cache=None)
 
     async def queued():
         return await asyncio.gather(*(dead.complete(req(prompt=f"q{i}")) for i in range(6)), return_exceptions=True)
@@ -226,7 +259,7 @@ def test_a_local_server_that_refuses_is_given_up_at_once():
         ep = Endpoint(f"http://127.0.0.1:{port}/v1", "m", backoff_base_s=0.01, backoff_max_s=0.02, max_retries=3,
                       local_server=local)
         with pytest.raises(BackendError, match=f"gave up after {attempts} last error: .*ConnectionRefusedError"):
-            run_on_engine(LLMClient(ep, backend_identity="fake", cache=None).complete(req(prompt=f"local={local}")))
+            run_on_engine(LLMClient(ep, model_identity="fake", cache=None).complete(req(prompt=f"local={local}")))
 
 
 def test_a_server_answering_errors_is_not_marked_unreachable():
@@ -380,7 +413,7 @@ def test_the_model_call_process_ends_with_the_process_that_started_it(tmp_path):
             "from ragledger.llm import LLMClient, LLMRequest, run_on_engine\n"
             "from ragledger.llm_http import Endpoint\n"
             "from tests.test_llm_client import _call_process_pid\n"
-            f"c = LLMClient(Endpoint({server.base_url!r}, 'm'), backend_identity='x', cache=None)\n"
+            f"c = LLMClient(Endpoint({server.base_url!r}, 'm'), model_identity='x', cache=None)\n"
             "run_on_engine(c.complete(LLMRequest('s', 'Q: who?', 0.0, 1.0, 8, 0)))\n"
             "print(_call_process_pid(), flush=True)\n"
             "import time; time.sleep(120)\n"
@@ -429,7 +462,7 @@ def test_a_call_answered_before_does_not_queue_behind_the_calls_in_flight(tmp_pa
         line = proc.stdout.readline().split()
         assert line and line[0] == "ready", line
         base_url = f"http://127.0.0.1:{line[1]}"
-        c = LLMClient(Endpoint(base_url=f"{base_url}/v1", model="latency", concurrency=64), backend_identity="fake",
+        c = LLMClient(Endpoint(base_url=f"{base_url}/v1", model="latency", concurrency=64), model_identity="fake",
                       cache=LLMCallCache(tmp_path / "c.sqlite"))
         assert not run_on_engine(c.complete(req("Question: answered before?"))).from_cache
         queued = [req(f"Question: queued {i}?") for i in range(400)]

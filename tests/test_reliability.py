@@ -361,7 +361,7 @@ def test_a_client_side_failure_is_not_retried_and_not_called_malformed():
     password = "pw-client-" + "".join(random.choices("abcdef0123456789", k=12))
     with ScriptedServer(answer=reader) as server:
         url = server.base_url.replace("http://", f"http://user:{password}@")
-        client = LLMClient(Endpoint(url, "scripted", max_retries=6), backend_identity="x", cache=None)
+        client = LLMClient(Endpoint(url, "scripted", max_retries=6), model_identity="x", cache=None)
         t = time.perf_counter()
         with pytest.raises(BackendError) as caught:
             run_on_engine(client.complete(LLMRequest("s", "Question: q?", 0.0, 1.0, 8, 0)))

@@ -23,7 +23,10 @@ from typing import Any
 import yaml
 
 from ragledger.crash import crashpoint
+from ragledger.secrets import redact_url
 
+# the tag naming the execution an MLflow run (parent, cell) or trace belongs to
+EXECUTION_TAG = "ragledger.execution"
 # a key naming a credential; "token" only as the last word, so max_tokens (a sampling parameter) stays visible
 SECRET_PATTERN = re.compile(r"(?i)(api[_-]?key|password|passwd|secret|(^|[_.-])token$)")
 
@@ -36,13 +39,6 @@ def default_tracking_uri(workdir: Path | None = None) -> str:
 
 def resolve_tracking_uri(spec_uri: str | None) -> str:
     return spec_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri()
-
-
-def redact_url(url: str | None) -> str | None:
-    if url is None:
-        return None
-    # scheme://user:password@host -> scheme://***@host
-    return re.sub(r"//[^/@]+@", "//***@", url)
 
 
 def safe_spec(spec_dict: dict) -> dict:
@@ -256,9 +252,7 @@ def git_provenance(repo: Path = REPO_ROOT) -> dict[str, str]:
         tags["mlflow.source.git.branch"] = branch
     remote = git("config", "--get", "remote.origin.url")
     if remote:
-        from ragledger.secrets import redact_url as redact
-
-        tags["mlflow.source.git.repoURL"] = redact(remote) or ""
+        tags["mlflow.source.git.repoURL"] = redact_url(remote) or ""
     status = git("status", "--porcelain", "--untracked-files=no")
     if status is not None:
         tags["ragledger.git_dirty"] = "true" if status else "false"
@@ -303,7 +297,9 @@ def outcomes_table(outcomes, questions):
 def log_dataset_input(logger: MlflowLogger, run_id: str, dataset, context: str = "eval") -> None:
     from mlflow.entities import DatasetInput, InputTag
 
-    logger.client.log_inputs(run_id, [DatasetInput(dataset._to_mlflow_entity(),
+    from tracking.mlflow_internals import dataset_entity
+
+    logger.client.log_inputs(run_id, [DatasetInput(dataset_entity(dataset),
                                                    tags=[InputTag("mlflow.data.context", context)])])
 
 

@@ -32,8 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ragledger.secrets import redact_url
 from tracking import callpack
-from tracking.mlflow_sync import EXECUTION_TAG, MANIFEST_ARTIFACT, RUN_STATS
+from tracking.mlflow_log import EXECUTION_TAG
+from tracking.mlflow_sync import MANIFEST_ARTIFACT, RUN_STATS
 
 PULL_DIR = ".pull"
 SPEC_ARTIFACT = "spec.yaml"
@@ -97,7 +99,6 @@ def pull(experiment: str, store_root: str | Path, tracking_uri: str,
     from mlflow.exceptions import MlflowException
 
     from ragledger.secrets import CredentialsInURL, refuse_credentials
-    from tracking.mlflow_log import redact_url
     from tracking.mlflow_sync import _short
 
     say = log or (lambda _line: None)
@@ -135,7 +136,7 @@ def _pull_lock(store: Path, experiment: str) -> Iterator[None]:
 def _client(tracking_uri: str):
     from mlflow import MlflowClient
 
-    from tracking.mlflow_log import HTTP_RETRY_DEFAULTS, check_reachable, redact_url
+    from tracking.mlflow_log import HTTP_RETRY_DEFAULTS, check_reachable
 
     for name, value in HTTP_RETRY_DEFAULTS.items():
         os.environ.setdefault(name, value)
@@ -153,7 +154,6 @@ def _client(tracking_uri: str):
 
 
 def _pull(experiment: str, store: Path, tracking_uri: str, result: PullResult, say: Callable[[str], None]) -> None:
-    from tracking.mlflow_log import redact_url
 
     client = _client(tracking_uri)
     parents = _parent_runs(client, experiment, redact_url(tracking_uri))
@@ -538,7 +538,6 @@ def _move_in(ex: _Execution, store: Path, experiment: str, tracking_uri: str, re
 def _local_manifest(ex: _Execution, store: Path, experiment: str, manifest: Path, tracking_uri: str) -> dict[str, Any]:
     """The portable manifest with this store's paths and the MLflow runs it came from: analyses read it, and log
     to the same parent run (the team's record), as on the machine that ran it."""
-    from tracking.mlflow_log import redact_url
 
     assert ex.manifest is not None
     record = json.loads(json.dumps(ex.manifest))

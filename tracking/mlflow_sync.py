@@ -24,10 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ragledger.cell import Cell
+from ragledger.llm_types import model_identity
+from ragledger.secrets import redact_url
 from tracking.diskfull import write_text_atomically
+from tracking.mlflow_log import EXECUTION_TAG
 
 PENDING_DIR = "mlflow-pending"
-EXECUTION_TAG = "ragledger.execution"
 # the run statistics an experiment's parent run carries as metrics (from the run summary in the manifest)
 # the execution's manifest on its parent run, store paths made relative to the store (tracking/mlflow_pull.py)
 MANIFEST_ARTIFACT = "ragledger/manifest.json"
@@ -88,7 +91,6 @@ def _short(exc: BaseException) -> str:
 
 
 def pending_error(tracking_uri: str, store_root: str | Path, exc: BaseException, count: int = 1) -> MlflowLoggingPending:
-    from tracking.mlflow_log import redact_url
 
     what = "the run's" if count == 1 else f"{count} executions'"
     return MlflowLoggingPending(
@@ -153,7 +155,8 @@ def log_execution(tracking_uri: str, execution: str, record: dict[str, Any],
         if run is not None and run.info.status == "FINISHED":
             cells[cell] = run.info.run_id
             continue
-        retriever, reader, model = (part.strip() for part in cell.split("·"))
+        parts = Cell.parse(cell)
+        retriever, reader, model = parts.retriever, parts.reader, parts.model
         run_id = run_for(run, cell, {**common_tags, "ragledger.level": "cell", "ragledger.cell": cell,
                                      "retriever": retriever, "reader": reader, "model": model}, parent)
         cell_params = {k: v for k, v in params.items() if not k.startswith(("retrievers", "readers"))}
@@ -377,21 +380,21 @@ class ExecutionViews:
         if self._provenance is None:
             import ragledger
             from schemas.records import SCHEMA_VERSION
-            from tracking.mlflow_log import git_provenance, questions_digest, redact_url
+            from tracking.mlflow_log import git_provenance, questions_digest
 
             spec = self.spec
             tags = {"ragledger.version": ragledger.__version__, "ragledger.schema_version": str(SCHEMA_VERSION),
                     "ragledger.spec_hash": self.record["summary"]["spec_hash"], "ragledger.model": spec.model.display_name,
                     "ragledger.sampling": json.dumps({"temperature": spec.model.temperature, "top_p": spec.model.top_p,
                                                       "max_tokens": spec.model.max_tokens, "seed": spec.model.seed})}
-            identity = self._prepared("model identity", lambda: _model_identity(spec, redact_url))
+            identity = self._prepared("model identity", lambda: model_identity(spec.model))
             if identity:
                 tags["ragledger.model_identity"] = identity
             q = self.questions()
             digest = self._prepared("dataset hash", lambda: questions_digest(q)) if q is not None and len(q) else None
             if digest:
                 tags["ragledger.dataset_hash"] = digest
-            corpus = self._prepared("corpus hash", lambda: _corpus_hash(spec))
+            corpus = self.record.get("corpus_hash")  # the run's plan (manifests written before it have none)
             if corpus:
                 tags["ragledger.corpus_hash"] = corpus
             tags.update(self._prepared("git provenance", git_provenance) or {})
@@ -477,28 +480,3 @@ class ExecutionViews:
         finally:
             cache.close()
         return data
-
-
-def _model_identity(spec: Any, redact) -> str:
-    """The model behind the calls as the call cache keys it (tasks/context.backend_identity), URL redacted."""
-    if spec.model.backend == "embedded":
-        from ragledger.models import BUNDLED_MODELS
-
-        model = BUNDLED_MODELS.get(spec.model.embedded_model)
-        return f"embedded:{model.sha256 if model else spec.model.embedded_model}"
-    return f"openai-compatible:{redact(spec.model.base_url or '')}|{spec.model.name}"
-
-
-def _corpus_hash(spec: Any) -> str:
-    """The corpus' content hash (as index and cache keys use it) when this process has the corpus loaded (the run's
-    own process); a later `sync` from another process does not load a corpus for a tag, and logs none."""
-    import sys
-
-    context = sys.modules.get("tasks.context")
-    if context is None:
-        return ""
-    from tasks.retrievers import parse_retriever
-
-    if not any(parse_retriever(r).needs_corpus for r in spec.retrievers):
-        return ""
-    return context.corpus_for(spec).corpus_hash

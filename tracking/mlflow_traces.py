@@ -29,9 +29,11 @@ from typing import Any
 
 import pandas as pd
 
+from tracking.mlflow_internals import otel_span, upload_trace_data
+from tracking.mlflow_log import EXECUTION_TAG
+
 TRACES_ENV = "RAGLEDGER_MLFLOW_TRACES"
 DEFAULT_TRACES = 10
-EXECUTION_TAG = "ragledger.execution"
 QID_ATTRIBUTE = "ragledger.qid"
 PREVIEW_CHARS = 1000  # request/response previews in the traces table
 TEXT_CHARS = 20000  # one passage, prompt or output in a span: bounded, so one odd record cannot bloat a trace
@@ -87,7 +89,7 @@ class _SpanBuilder:
         from mlflow.tracing.utils import generate_trace_id_v3
         from opentelemetry import trace as otel
 
-        context = otel.set_span_in_context(parent._span) if parent is not None else None
+        context = otel.set_span_in_context(otel_span(parent)) if parent is not None else None
         raw = self.tracer.start_span(name, context=context, start_time=self.now)
         if self.trace_id is None:
             self.trace_id = generate_trace_id_v3(raw)
@@ -105,7 +107,7 @@ class _SpanBuilder:
         if outputs is not None:
             span.set_outputs(outputs)
         span.set_status(SpanStatus(status))
-        span._span.end(end_time=self.now)
+        otel_span(span).end(end_time=self.now)
 
     def step(self, name: str, span_type: str, parent: Any, inputs: Any, outputs: Any,
              attributes: dict[str, Any] | None = None, duration_ms: float = 1.0, status: str = "OK") -> None:
@@ -183,7 +185,6 @@ def build_trace(tracer: Any, question: pd.Series, chains: list[Any], start_ns: i
 
 def write_trace(tracing_client: Any, info: Any, spans: list[Any]) -> str:
     """Write a finished trace to the client's store as MLflow's exporter does; returns its trace id."""
-    from mlflow.entities import TraceData
     from mlflow.exceptions import MlflowException
     from mlflow.tracing.constant import SpansLocation, TraceTagKey
 
@@ -196,7 +197,7 @@ def write_trace(tracing_client: Any, info: Any, spans: list[Any]) -> str:
             raise
     stored = tracing_client.start_trace(info)
     if stored.tags.get(TraceTagKey.SPANS_LOCATION) != SpansLocation.TRACKING_STORE.value:
-        tracing_client._upload_trace_data(stored, TraceData(spans))
+        upload_trace_data(tracing_client, stored, spans)
     return stored.trace_id
 
 
