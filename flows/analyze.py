@@ -18,12 +18,12 @@ import numpy as np
 import pandas as pd
 from prefect import flow
 
-from tracking import analysis as an
-from tracking.analysis import AnalysisResult
-from tracking.executions import ensemble_rows, latest_execution, load_outcomes, manifests  # noqa: F401  (re-exported)
-from tracking.stats import compare_arrays
+from tracking.analysis import inconsistency as an
+from tracking.analysis.executions import ensemble_rows, latest_execution, load_outcomes, manifests  # noqa: F401  (re-exported)
+from tracking.analysis.inconsistency import AnalysisResult
+from tracking.analysis.stats import compare_arrays
 
-# analysis-2: RWR / MRWR / MRLR and per-error RWR per (reader, model) group (tracking/analysis.py), not pooled
+# analysis-2: RWR / MRWR / MRLR and per-error RWR per (reader, model) group (tracking/analysis/inconsistency.py), not pooled
 ANALYSIS_VERSION = "analysis-2"
 PER_ERRORS = ("RE", "LG", "EE", "HE", "abstain")
 RWR_COLUMNS = ["reader", "model", "i", "j", "rwr"]
@@ -107,7 +107,7 @@ def compute(outcomes: pd.DataFrame, experiment: str, metric: str = "em", n_resam
 
 def write_outputs(res: AnalysisResult, out_dir: Path, store_root: str | Path | None = None, report: bool = True) -> list[Path]:
     """Parquet tables, PNG plots and the HTML report under out_dir; returns the files."""
-    from tracking import plots
+    from tracking.analysis import plots
 
     out_dir.mkdir(parents=True, exist_ok=True)
     files: list[Path] = []
@@ -156,7 +156,7 @@ def _by_retriever(g: an.RetrieverGroup, matrix: pd.DataFrame) -> pd.DataFrame:
 
 
 def _put_report(res: AnalysisResult, out_dir: Path, store_root: str | Path | None) -> Path:
-    from tracking.report import html_report
+    from tracking.analysis.report import html_report
 
     p = out_dir / "report.html"
     p.write_text(html_report(res, store_root), encoding="utf-8")
@@ -164,7 +164,7 @@ def _put_report(res: AnalysisResult, out_dir: Path, store_root: str | Path | Non
 
 
 def log_to_parent(res: AnalysisResult, files: list[Path], execution: dict, base: Path) -> None:
-    from tracking.mlflow_log import MlflowLogger
+    from tracking.mlflow.log import MlflowLogger
 
     summary = execution.get("summary", {})
     run_id, uri = summary.get("mlflow_parent_run_id"), summary.get("tracking_uri")
@@ -190,7 +190,7 @@ def log_to_parent(res: AnalysisResult, files: list[Path], execution: dict, base:
             if k in res.eor:
                 metrics[f"analysis.{k}"] = float(res.eor[k])
     tags = {"ragledger.analysis_version": ANALYSIS_VERSION}
-    if res.eor.get("pooling"):  # the analysis.eor_* metrics are under this pooling (tracking/eor.py)
+    if res.eor.get("pooling"):  # the analysis.eor_* metrics are under this pooling (tracking/analysis/eor.py)
         tags["ragledger.eor_pooling"] = str(res.eor["pooling"])
     logger.log(run_id, metrics={k: v for k, v in metrics.items() if v is not None and np.isfinite(v)}, tags=tags)
     res.parent_run_id, res.tracking_uri = run_id, uri
@@ -204,7 +204,7 @@ def run_analysis(store_root: str | Path, experiment: str, out_dir: str | Path | 
     The main analysis covers the execution's cells on every question they share. EoR (fitted on the
     training split) is analysed like any other cell, beside its member cells, on the held-out questions
     only, so no in-sample answer is ever reported; those tables go under `eor/`. `eor_pooling`: mean (seed 002's),
-    max, majority, plurality, or search (the best on training accuracy); see tracking/eor.py. `across`: more
+    max, majority, plurality, or search (the best on training accuracy); see tracking/analysis/eor.py. `across`: more
     experiments (a sweep's other datasets) for seed 002's corpus-level figure, `accuracy_across.png` (this one first).
     """
     execution = latest_execution(store_root, experiment)
@@ -216,7 +216,7 @@ def run_analysis(store_root: str | Path, experiment: str, out_dir: str | Path | 
     if across:
         files += _write_across(res, store_root, [experiment, *across], metric, base)
     if eor:
-        from tracking.eor import eor_cells
+        from tracking.analysis.eor import eor_cells
 
         train = None if eor_train is None else load_outcomes(store_root, eor_train, latest_execution(store_root, eor_train))
         eor_outcomes, info = eor_cells(store_root, experiment, outcomes, seed=seed, train_outcomes=train,
@@ -245,9 +245,9 @@ def run_analysis(store_root: str | Path, experiment: str, out_dir: str | Path | 
 
 
 def _write_across(res: AnalysisResult, store_root: str | Path, experiments: list[str], metric: str, base: Path) -> list[Path]:
-    """accuracy_across.parquet and its figure (also among the report's plots): tracking/across.py."""
-    from tracking import plots
-    from tracking.across import accuracy_across
+    """accuracy_across.parquet and its figure (also among the report's plots): tracking/analysis/across.py."""
+    from tracking.analysis import plots
+    from tracking.analysis.across import accuracy_across
 
     table = accuracy_across(store_root, experiments, metric)
     png = plots.accuracy_across(table, experiments, metric)
@@ -259,7 +259,7 @@ def _write_across(res: AnalysisResult, store_root: str | Path, experiments: list
 
 def _write_eor(res: AnalysisResult, base: Path) -> list[Path]:
     """eor_weights.parquet and its figure (also among the report's plots), and eor.json."""
-    from tracking import plots
+    from tracking.analysis import plots
 
     info, out = res.eor, []
     if info.get("weights_table"):

@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from core.paths import StoreLayout
 from flows.plan import ExperimentPlan, plan, questions_segment_for
-from ragledger.paths import StoreLayout
 from schemas.spec import AnySpec, ExperimentSpec, parse_spec
-from tracking.events import event_id
+from tracking.store.events import event_id
 
 # what a rerun served from the caches reports (it made no call and ran no task)
 NOTHING_RAN = {"llm_calls": 0, "cache_hits": 0, "retries": 0, "prompt_tokens_sent": 0, "prompt_tokens_evaluated": None,
@@ -38,7 +38,7 @@ def outcome_segments(the_plan: ExperimentPlan) -> dict[str, list[str]]:
 
 def matching_manifest(store_root: str, the_plan: ExperimentPlan, expected: dict[str, list[str]]) -> dict | None:
     """The newest run manifest of this spec whose cells are exactly the planned ones on the planned outcomes."""
-    from tracking.executions import manifests
+    from tracking.analysis.executions import manifests
 
     spec_hash = the_plan.spec.spec_hash()
     for path in reversed(manifests(store_root, the_plan.spec.name)):

@@ -1,5 +1,5 @@
 """Workers of a long-lived Dask cluster (`ragledger run --scheduler`), made ready for the run about to use them:
-each routes its Prefect events by the API URL of the run that sent them (ragledger/prefect_internals.py says why),
+each routes its Prefect events by the API URL of the run that sent them (flows/prefect_internals.py says why),
 installed on every worker of the cluster, present and future, through a Dask worker plugin
 (tests/test_operations.py).
 """
@@ -15,7 +15,7 @@ class PrefectEventsByApiUrl(WorkerPlugin):
     name = "ragledger-prefect-events-by-api-url"  # registered again by every run: replaced, not added
 
     def setup(self, worker: Any) -> None:
-        from ragledger.prefect_internals import route_events_by_api_url
+        from flows.prefect_internals import route_events_by_api_url
 
         route_events_by_api_url()
 

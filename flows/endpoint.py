@@ -29,7 +29,7 @@ class ModelEndpoint:
             return self.base_url
         if self._url is None:
             if self.model.backend == "embedded":
-                from ragledger.embedded import embedded_endpoints
+                from engines.embedded import embedded_endpoints
 
                 started = self._stack.enter_context(
                     embedded_endpoints(self.model.embedded_model, self.model.context_window, needs_logprobs=self.logprobs))
@@ -47,7 +47,7 @@ class ModelEndpoint:
         evaluates only what differs from the previous prompt); None for other backends or a server not started."""
         if self.base_url is not None or self._url is None or self.model.backend != "embedded":
             return None
-        from ragledger.embedded import prompt_tokens_evaluated
+        from engines.embedded import prompt_tokens_evaluated
 
         counts = [prompt_tokens_evaluated(u) for u in (self._url, self._logprobs_url) if u]
         return None if any(c is None for c in counts) else sum(c for c in counts if c is not None)
@@ -67,7 +67,7 @@ _shared: ContextVar[ModelEndpoint | None] = ContextVar("ragledger_shared_endpoin
 def needs_logprobs(spec: AnySpec) -> bool:
     """Log-probabilities cost the embedded server time and memory (a second server with logits_all serves those
     calls): only when a reader of the spec needs them."""
-    from tasks.readers import get_reader
+    from strategies.readers import get_reader
 
     return any(get_reader(e.name).needs_logprobs for e in spec.reader_entries())
 

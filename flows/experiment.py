@@ -10,17 +10,12 @@ from __future__ import annotations
 
 from prefect import flow
 
-from flows.execute import (
-    HEARTBEAT_SETTINGS,
-    RunSummary,
-    experiment_flow,
-    log_to_mlflow,
-    recall_curve_files,
-    run_experiment,
-    task_runner_for,
-    without_default_heartbeats,
-)
+from flows.execute import experiment_flow, run_experiment
+from flows.executor import recall_curve_files
 from flows.plan import FLOW_VERSION, question_rows, shard
+from flows.recording import log_to_mlflow
+from flows.run_summary import RunSummary
+from flows.runners import HEARTBEAT_SETTINGS, task_runner_for, without_default_heartbeats
 from flows.sweep import run_spec
 
 __all__ = ["FLOW_VERSION", "HEARTBEAT_SETTINGS", "RunSummary", "experiment_flow", "log_to_mlflow", "question_rows",

@@ -13,14 +13,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ragledger.cell import Cell
-from ragledger.datasets import Question
-from ragledger.paths import StoreLayout
+from core.cell import Cell
+from core.datasets import Question
+from core.paths import StoreLayout
 from schemas.spec import ExperimentSpec
-from tasks.readers import get_reader, settings_for
-from tasks.readers.base import FINAL_CONTEXT_VERSION
-from tasks.readers.concatenation import Concatenation
-from tasks.retrievers import parse_retriever
+from strategies.readers import get_reader, settings_for
+from strategies.readers.base import FINAL_CONTEXT_VERSION
+from strategies.readers.concatenation import Concatenation
+from strategies.retrievers import parse_retriever
 from tasks.stages import (
     KEY_VERSION,
     EvaluateStage,
@@ -32,7 +32,7 @@ from tasks.stages import (
     model_key,
     shard_id,
 )
-from tracking.events import event_id, stable_hash
+from tracking.store.events import event_id, stable_hash
 
 FLOW_VERSION = KEY_VERSION
 PIPELINE_STAGES = ("retrieve", "generate", "vote", "evaluate")  # in chain order
@@ -143,7 +143,7 @@ def corpus_hash_for(spec: ExperimentSpec) -> str:
     """The corpus's content hash when a retriever needs the corpus ("" otherwise): it enters the retrieve keys."""
     if not any(parse_retriever(r).needs_corpus for r in spec.retrievers):
         return ""
-    from tasks.retrievers.corpus import Corpus
+    from strategies.retrievers.corpus import Corpus
 
     return Corpus.of_spec(spec.corpus).corpus_hash
 

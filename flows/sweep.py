@@ -12,12 +12,13 @@ from typing import Any
 from prefect import flow
 from prefect.runtime import flow_run
 
+from core import progress
 from flows.endpoint import shared_endpoint
-from flows.execute import run_experiment, without_default_heartbeats
+from flows.execute import run_experiment
 from flows.plan import FLOW_VERSION
-from ragledger import progress
-from schemas.spec import SweepSpec, parse_spec
-from tracking.mlflow_sync import MlflowLoggingPending
+from flows.runners import without_default_heartbeats
+from schemas.spec import AnySpec, ExperimentSpec, SweepSpec, parse_spec
+from tracking.mlflow.sync import MlflowLoggingPending
 
 # the run-summary counters a sweep adds up over its experiments
 TOTALS = ("llm_calls", "cache_hits", "retries", "tasks_total", "tasks_from_cache", "prompt_tokens_sent")
@@ -41,16 +42,15 @@ class SweepSummary:
 
 
 @flow(name="ragledger-sweep", version=FLOW_VERSION)
-def sweep_flow(spec_dict: dict, store_root: str, tracking_uri: str | None = None, base_url: str | None = None,
+def sweep_flow(sweep: SweepSpec, store_root: str, tracking_uri: str | None = None, base_url: str | None = None,
                runner: str | None = None, workers: int | None = None, scheduler_address: str | None = None) -> dict:
     started = time.perf_counter()
-    sweep = SweepSpec.model_validate(spec_dict)
     experiments = sweep.expand()
     summary = SweepSummary(sweep.name, flow_run_id=str(flow_run.id) if flow_run.id else None)
     progress.set_total("experiments", len(experiments))
     with shared_endpoint(sweep, base_url):
         for spec in experiments:
-            result = run_experiment(spec.model_dump(), store_root, base_url=base_url, tracking_uri=tracking_uri,
+            result = run_experiment(spec, store_root, base_url=base_url, tracking_uri=tracking_uri,
                                     runner=runner, workers=workers, scheduler_address=scheduler_address)
             summary.experiments.append(result)
             progress.advance("experiments", 1)
@@ -64,16 +64,18 @@ def sweep_flow(spec_dict: dict, store_root: str, tracking_uri: str | None = None
     return asdict(summary)
 
 
-def run_spec(spec_dict: dict, store_root: str, base_url: str | None = None, tracking_uri: str | None = None,
+def run_spec(spec: AnySpec | dict, store_root: str, base_url: str | None = None, tracking_uri: str | None = None,
              runner: str | None = None, workers: int | None = None, scheduler_address: str | None = None) -> dict:
     """A spec with one dataset runs as an experiment (its RunSummary); with a list of datasets, as a sweep
     (a SweepSummary, whose `experiments` holds each RunSummary). Raises MlflowLoggingPending (its `summary` the
-    summary) when MLflow did not take some experiment's logging: every experiment ran and stored its events."""
-    if isinstance(parse_spec(spec_dict), SweepSpec):
+    summary) when MLflow did not take some experiment's logging: every experiment ran and stored its events.
+    The typed spec is passed on as it is; a dict (a deployment's parameters) is parsed here, once."""
+    spec = spec if isinstance(spec, ExperimentSpec | SweepSpec) else parse_spec(spec)
+    if isinstance(spec, SweepSpec):
         with without_default_heartbeats():
-            summary = sweep_flow(spec_dict, store_root, tracking_uri, base_url, runner, workers, scheduler_address)
+            summary = sweep_flow(spec, store_root, tracking_uri, base_url, runner, workers, scheduler_address)
     else:
-        summary = run_experiment(spec_dict, store_root, base_url=base_url, tracking_uri=tracking_uri, runner=runner,
+        summary = run_experiment(spec, store_root, base_url=base_url, tracking_uri=tracking_uri, runner=runner,
                                  workers=workers, scheduler_address=scheduler_address)
     experiments = summary.get("experiments", [summary])
     pending = [e["mlflow_pending"] for e in experiments if e.get("mlflow_pending")]

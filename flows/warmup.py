@@ -5,7 +5,7 @@ run a task. Meanwhile a warm-up thread does what the flow's first tasks would: i
 starts the JVM, retrieves shard after shard, and, for an endpoint that is already up (OpenAI, a vLLM server,
 `--base-url`), sends each shard's round-1 calls. The flow finds it done: a retrieve task takes its shard's hits
 (tasks/retrieve.py `take_prefetched`), and a generate task's calls take over the answers of the same calls sent early
-(ragledger/llm.py `LLMClient.send_early`), counted as that task's own calls. Nothing here imports Prefect.
+(engines/llm.py `LLMClient.send_early`), counted as that task's own calls. Nothing here imports Prefect.
 
 The warm-up retrieves in the flow's order (shard by shard, each retriever's in turn) and stops when the flow starts
 executing its plan (`stop`), after the shard it is on; the flow retrieves the rest. With the embedded model (its
@@ -32,9 +32,9 @@ from schemas.spec import AnySpec, ExperimentSpec
 if TYPE_CHECKING:
     import pandas as pd
 
+    from engines.llm import LLMClient
     from flows.plan import ExperimentPlan
-    from ragledger.llm import LLMClient
-    from tasks.retrievers import Hit, Retriever
+    from strategies.retrievers import Hit, Retriever
     from tasks.stages import RetrieveStage
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ def _warm_up(spec: ExperimentSpec, store_root: str, base_url: str | None) -> Non
     try:
         url = _early_url(spec, base_url)
         if url is not None:  # the first calls go to a model-call process: it imports while the rest starts
-            from ragledger.llm import start_first_call_process
+            from engines.llm import start_first_call_process
 
             start_first_call_process()
         first_in_store = _start_engines_of_a_first_run(spec, store_root)
@@ -110,9 +110,9 @@ def _start_engines_of_a_first_run(spec: ExperimentSpec, store_root: str) -> bool
     anything else the warm-up does (the stages' imports, the model-call process, the dataset, the plan: ~1 s on 2
     cores), since its first retrieval waits for them. Otherwise they start once the plan says which retrievals are
     still to be made."""
-    from ragledger import java
-    from ragledger.paths import StoreLayout
-    from tasks.retrievers import parse_retriever
+    from core.paths import StoreLayout
+    from engines import java
+    from strategies.retrievers import parse_retriever
 
     # this process searches the run's questions once per retriever, then exits: the JVM's compiler is chosen for that
     limit = spec.dataset.limit
@@ -194,7 +194,7 @@ def _persisted_check(the_plan: ExperimentPlan) -> Callable[[str], bool]:
 def _start_engines(names: list[str]) -> None:
     """Start the search engines of these retrievers (BM25: the JVM and Anserini's classes, ~1 s, mostly outside the
     GIL) in a thread, while this one opens the retrievers (the corpus by its kept hash, its index from disk) and retrieves."""
-    from tasks.retrievers import parse_retriever
+    from strategies.retrievers import parse_retriever
 
     def start() -> None:
         for name in names:

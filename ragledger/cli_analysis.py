@@ -72,7 +72,7 @@ def emit(df, fmt: str, output: Path | None = None, title: str | None = None, max
 
 
 def _questions(store: str, experiment: str):
-    from tracking.events import EventStore
+    from tracking.store.events import EventStore
 
     q = EventStore(store).read("questions", experiment)
     return q.sort_values("created_at").drop_duplicates("qid", keep="last").set_index("qid")
@@ -90,7 +90,7 @@ def query_cmd(
     pull_if_missing(experiment, store, mlflow_uri)
     import duckdb
 
-    from tracking.query import query
+    from tracking.analysis.query import query
 
     if not Path(store).is_dir():
         fail(f"--store {store}: no such directory")
@@ -114,8 +114,8 @@ def errors_cmd(
     """Per-example error breakdown of an experiment's latest execution (seed 002's error types)."""
     pull_if_missing(experiment, store, mlflow_uri)
     from schemas.records import ERROR_TYPES
-    from tracking.analysis import AnalysisError
-    from tracking.executions import experiment_outcomes, resolve_cell
+    from tracking.analysis.executions import experiment_outcomes, resolve_cell
+    from tracking.analysis.inconsistency import AnalysisError
 
     if error_type is not None and error_type not in ERROR_TYPES:
         fail(f"--error-type must be one of {', '.join(ERROR_TYPES)}, got {error_type!r}")
@@ -151,9 +151,9 @@ def flips_cmd(
 ) -> None:
     """Paired comparison of two cells: flip table, exact McNemar p, paired-bootstrap CI of ΔEM, flipped questions."""
     pull_if_missing(experiment, store, mlflow_uri)
-    from tracking.analysis import AnalysisError
-    from tracking.executions import experiment_outcomes, resolve_cell
-    from tracking.stats import compare_cells, flipped_questions
+    from tracking.analysis.executions import experiment_outcomes, resolve_cell
+    from tracking.analysis.inconsistency import AnalysisError
+    from tracking.analysis.stats import compare_cells, flipped_questions
 
     exps = [experiment] if experiment else sorted(p.name for p in (Path(store) / "outcomes").glob("*") if p.is_dir())
     found = []
@@ -200,8 +200,8 @@ def hardest_cmd(
 ) -> None:
     """Questions every cell of the latest execution gets wrong (EM), with each cell's error type."""
     pull_if_missing(experiment, store, mlflow_uri)
-    from tracking.analysis import AnalysisError
-    from tracking.executions import ensemble_rows, experiment_outcomes
+    from tracking.analysis.executions import ensemble_rows, experiment_outcomes
+    from tracking.analysis.inconsistency import AnalysisError
 
     try:
         df = experiment_outcomes(store, experiment)
@@ -242,8 +242,8 @@ def analyze_cmd(
 
     configure_prefect_home(Path.cwd())
     from flows.analyze import analyze_flow
-    from tracking.analysis import AnalysisError
-    from tracking.eor import POOLING_CHOICES
+    from tracking.analysis.eor import POOLING_CHOICES
+    from tracking.analysis.inconsistency import AnalysisError
 
     if eor_pooling not in POOLING_CHOICES:
         fail(f"--eor-pooling must be one of {', '.join(POOLING_CHOICES)}, got {eor_pooling!r}")
@@ -285,8 +285,8 @@ def across_cmd(
 ) -> None:
     """Each cell's accuracy in several experiments (a sweep's datasets), sorted by the first: seed 002's
     corpus-level figure as a table, and as a plot with --plot."""
-    from tracking.across import accuracy_across
-    from tracking.analysis import AnalysisError
+    from tracking.analysis.across import accuracy_across
+    from tracking.analysis.inconsistency import AnalysisError
 
     if not Path(store).is_dir():
         fail(f"--store {store}: no such directory")
@@ -297,8 +297,8 @@ def across_cmd(
     except AnalysisError as exc:
         fail(str(exc))
     if plot is not None:
-        from ragledger.atomic import atomic_write_bytes
-        from tracking import plots
+        from core.atomic import atomic_write_bytes
+        from tracking.analysis import plots
 
         atomic_write_bytes(plot, plots.accuracy_across(table, experiments, metric))
         err.print(f"figure written to {plot}")
@@ -323,8 +323,15 @@ def register(app: typer.Typer) -> None:
 
 
 def print_analysis(r: dict) -> None:
-    import pandas as pd
+    _print_mrlr_tables(r)
+    _print_error_shares(r)
+    _print_eor(r.get("eor") or {})
+    where = f"MLflow parent run {r['parent_run_id']} ({r['tracking_uri']})" if r.get("parent_run_id") else "no MLflow run"
+    under = Path(r["files"][0]).parent if r["files"] else "-"
+    console.print(f"{len(r['files'])} file(s) written under {under}; logged to {where}")
 
+
+def _print_mrlr_tables(r: dict) -> None:
     by_cell = {row["cell"]: row for row in r["inconsistency"]}
     console.print(f"[bold]{escape(r['experiment'])}[/] — {r['questions']} questions; RWR / MRLR compare retrievers within "
                   "each (reader, model) group (seed 002 holds the reader and the LM fixed)", soft_wrap=True)
@@ -351,6 +358,11 @@ def print_analysis(r: dict) -> None:
                       f"{100 * row['MRLR_HE']:.1f}")
         console.print(t)
     console.print()
+
+
+def _print_error_shares(r: dict) -> None:
+    import pandas as pd
+
     shares = pd.DataFrame(r["shares"])
     s = Table(title="error shares % [95% bootstrap CI] (abstentions as their own class)")
     classes = list(dict.fromkeys(shares["error_type"]))
@@ -369,7 +381,9 @@ def print_analysis(r: dict) -> None:
                   f"for every cell, both accountings (max |residual| {worst:.1e})")
     if r.get("dropped_questions"):
         console.print(f"{r['dropped_questions']} question(s) not answered by every cell were left out")
-    eor = r.get("eor") or {}
+
+
+def _print_eor(eor: dict) -> None:
     for cell, sm in (eor.get("summaries") or {}).items():
         fit = eor["fits"][cell]
         searched = " (searched on training accuracy)" if fit.get("pooling_option") == "search" else ""
@@ -382,6 +396,3 @@ def print_analysis(r: dict) -> None:
                       f"β {json.dumps({k: round(v, 3) for k, v in fit['beta'].items()})}, dropped {fit['dropped']}")
     for sk in eor.get("skipped", []):
         console.print(f"EoR not fitted for {escape(sk)}")
-    where = f"MLflow parent run {r['parent_run_id']} ({r['tracking_uri']})" if r.get("parent_run_id") else "no MLflow run"
-    under = Path(r["files"][0]).parent if r["files"] else "-"
-    console.print(f"{len(r['files'])} file(s) written under {under}; logged to {where}")

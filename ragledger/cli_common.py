@@ -29,16 +29,16 @@ def fail(message: str, code: int = 2) -> NoReturn:
 
 def user_errors() -> tuple[type[BaseException], ...]:
     """The errors the user or the machine must fix: their message names the culprit (exit 2, no traceback)."""
-    from ragledger.datasets import DatasetError
-    from ragledger.embedded import EmbeddedServerError
-    from ragledger.llm import BackendError
+    from core.datasets import DatasetError
+    from core.diskfull import StoreFullError
+    from core.secrets import CredentialsInURL
+    from engines.embedded import EmbeddedServerError
+    from engines.llm import BackendError
+    from engines.models import ModelFetchError
     from ragledger.locations import LocationError
-    from ragledger.models import ModelFetchError
-    from ragledger.secrets import CredentialsInURL
     from schemas.errors import RecordValidationError
     from schemas.spec import SpecError
-    from tracking.diskfull import StoreFullError
-    from tracking.mlflow_sync import MlflowLoggingPending
+    from tracking.mlflow.sync import MlflowLoggingPending
 
     return (SpecError, DatasetError, BackendError, EmbeddedServerError, ModelFetchError, RecordValidationError,
             LocationError, CredentialsInURL, StoreFullError, MlflowLoggingPending)
@@ -51,22 +51,22 @@ def usage_error(message: str) -> BaseException:
 
 
 def check_corpus(spec: CorpusSpec) -> None:
-    """The corpus as given: its files read and hashed (once per file, tasks/retrievers/corpus.py), or its index
+    """The corpus as given: its files read and hashed (once per file, strategies/retrievers/corpus.py), or its index
     opened and its stored documents checked; and its FAISS directory, when it names one."""
-    from tasks.retrievers.corpus import Corpus
+    from strategies.retrievers.corpus import Corpus
 
     corpus = Corpus.of_spec(spec, log=lambda line: err.print(line, highlight=False))
     if not corpus.built_here:
-        from tasks.retrievers.lucene import PassageStore
+        from strategies.retrievers.lucene import PassageStore
 
         PassageStore.given(corpus)
 
 
 def preflight(spec: AnySpec) -> None:
     """Check every input before anything is written or any model is called (every dataset of a sweep)."""
-    from ragledger.datasets import DatasetError, load_questions
+    from core.datasets import DatasetError, load_questions
     from schemas.spec import SweepSpec
-    from tasks.retrievers import parse_retriever
+    from strategies.retrievers import parse_retriever
 
     for i, experiment in enumerate(spec.expand()):
         try:
@@ -77,13 +77,13 @@ def preflight(spec: AnySpec) -> None:
     if any(parse_retriever(r).needs_corpus for r in spec.retrievers):
         check_corpus(spec.corpus)
     if spec.model.backend == "openai":
-        from ragledger.llm import api_key_from_env
+        from engines.llm import api_key_from_env
 
         api_key_from_env(spec.model.api_key_env)
     if not spec.tracking.mlflow_uri:  # the URI the run would use instead (the spec's own is checked with the spec)
         import os
 
-        from ragledger.secrets import refuse_credentials
+        from core.secrets import refuse_credentials
 
         refuse_credentials(os.environ.get("MLFLOW_TRACKING_URI"), "MLFLOW_TRACKING_URI", "MLflow reads them from "
                            "MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD (an MLflow server) or PGPASSWORD (PostgreSQL)")

@@ -81,7 +81,7 @@ def schedule(
         if interval is not None and interval <= 0:
             raise usage_error("--interval must be a positive number of seconds")
         if cron is not None:
-            from ragledger.prefect_internals import validate_cron_string
+            from flows.prefect_internals import validate_cron_string
 
             try:
                 validate_cron_string(cron)
@@ -105,7 +105,7 @@ def schedule(
         fail(str(exc))
     os.environ["PREFECT_API_URL"] = url
     from flows.experiment import scheduled_experiment
-    from tracking.mlflow_log import resolve_tracking_uri
+    from tracking.mlflow.log import resolve_tracking_uri
 
     params = {"spec_dict": spec.model_dump(), "store_root": str(Path(store or spec.tracking.store).resolve()),
               "tracking_uri": resolve_tracking_uri(spec.tracking.mlflow_uri), "runner": runner, "workers": workers}
@@ -158,7 +158,8 @@ def _flow_runs(limit: int, experiment: str | None) -> list[dict[str, Any]]:
     for fr in found:
         if fr.parent_task_run_id:  # an experiment run as a scheduled run's subflow: its parent's row shows it
             continue
-        spec = fr.parameters.get("spec_dict") or {}
+        # the parameter is the scheduled flow's `spec_dict`, an experiment or sweep flow's `spec`
+        spec = fr.parameters.get("spec") or fr.parameters.get("spec_dict") or {}
         name = spec.get("name", "?")
         names = _experiment_names(spec)
         if experiment and experiment not in (name, *names):
@@ -203,7 +204,7 @@ def sync(
                                                  "runs at the URI: rebuild a lost or new MLflow database")] = False,
 ) -> None:
     """Log to MLflow the executions whose MLflow logging is pending (MLflow was down), each exactly once."""
-    from tracking import mlflow_sync
+    from tracking.mlflow import sync as mlflow_sync
 
     if not Path(store).is_dir():
         fail(f"--store: {Path(store).resolve()}: no event store there")

@@ -27,11 +27,11 @@ MlflowPullOpt = Annotated[str | None, typer.Option(
 
 
 def pull_if_missing(experiment: str | None, store: str, mlflow_uri: str | None) -> None:
-    """Bring `experiment` from MLflow into `store` when the store lacks it (tracking.mlflow_pull.ensure_local); what
+    """Bring `experiment` from MLflow into `store` when the store lacks it (tracking.mlflow.pull.ensure_local); what
     it did goes to stderr, so a command's CSV or JSON on stdout stays clean; a failed pull is one error line."""
     if not experiment:
         return
-    from tracking.mlflow_pull import PullError, ensure_local
+    from tracking.mlflow.pull import PullError, ensure_local
 
     try:
         r = ensure_local(experiment, store, mlflow_uri, log=lambda line: err.print(escape(line), highlight=False))
@@ -50,9 +50,9 @@ def pull_cmd(
     """Rebuild an experiment's event store from its MLflow runs: every record segment (checksum and schema
     checked), run manifest, spec, and its LLM calls into the call cache. Resumable; a second pull downloads
     nothing."""
-    from ragledger.secrets import redact_url
-    from tracking.mlflow_log import default_tracking_uri
-    from tracking.mlflow_pull import PullError, pull
+    from core.secrets import redact_url
+    from tracking.mlflow.log import default_tracking_uri
+    from tracking.mlflow.pull import PullError, pull
 
     uri = mlflow_uri or default_tracking_uri()
     try:
@@ -77,9 +77,9 @@ def cache_export(
         help="only the calls this experiment's generation records made (default: the whole cache)")] = None,
 ) -> None:
     """Write the store's LLM calls (request identity, response, usage, log-probabilities) to a call pack."""
-    from tracking import callpack
-    from tracking.events import EventStore
-    from tracking.llm_cache import LLMCallCache
+    from engines.llm_cache import LLMCallCache
+    from tracking.store import callpack
+    from tracking.store.events import EventStore
 
     cache_file = callpack.cache_path(store)
     if not cache_file.is_file():
@@ -110,8 +110,8 @@ def cache_import(
     store: StoreOpt = DEFAULT_STORE,
 ) -> None:
     """Add a call pack's LLM calls to the store's call cache (calls already cached are kept as they are)."""
-    from tracking import callpack
-    from tracking.llm_cache import LLMCallCache
+    from engines.llm_cache import LLMCallCache
+    from tracking.store import callpack
 
     try:
         pack = callpack.read(file)

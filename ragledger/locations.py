@@ -85,12 +85,12 @@ def check_location(loc: Location) -> None:
 
 def mlflow_locations(spec_uri: str | None) -> list[Location]:
     """The local files an MLflow tracking URI writes: a SQLite database and the artifacts beside it
-    (tracking.mlflow_log), or a file store directory. Server URIs (http, postgresql) have none here."""
+    (tracking.mlflow.log), or a file store directory. Server URIs (http, postgresql) have none here."""
     if spec_uri:
         uri, what = spec_uri, "tracking.mlflow_uri"
     elif os.environ.get("MLFLOW_TRACKING_URI"):
         uri, what = os.environ["MLFLOW_TRACKING_URI"], "MLFLOW_TRACKING_URI"
-    else:  # tracking.mlflow_log.default_tracking_uri, computed without creating .ragledger/
+    else:  # tracking.mlflow.log.default_tracking_uri, computed without creating .ragledger/
         uri, what = f"sqlite:///{(Path.cwd() / '.ragledger' / 'mlflow.db').resolve()}", "MLflow database"
     if uri.startswith("sqlite:///"):
         db = Path(uri.removeprefix("sqlite:///"))
@@ -107,8 +107,8 @@ def run_locations(spec: AnySpec, store_root: str, store_what: str, workdir: Path
     """Every place `ragledger run` writes: the store and its call cache, MLflow's database and artifacts, Prefect's
     home (database, task results), the run logs, the retrieval indexes, a bundled model still to be fetched, and
     the --json summary."""
-    from ragledger.paths import cache_home
-    from tasks.retrievers import parse_retriever
+    from core.paths import cache_home
+    from strategies.retrievers import parse_retriever
 
     store = Path(store_root)
     found = [Location(store_what, store, "dir"),
@@ -127,7 +127,7 @@ def run_locations(spec: AnySpec, store_root: str, store_what: str, workdir: Path
         found.append(Location("RAGLEDGER_INDEX_DIR" if index_dir else "retrieval indexes",
                               Path(index_dir) if index_dir else cache_home() / "indexes", "dir"))
     if spec.model.backend == "embedded":
-        from ragledger.models import BUNDLED_MODELS
+        from engines.models import BUNDLED_MODELS
 
         model = BUNDLED_MODELS.get(spec.model.embedded_model)
         if model is not None and not model.path.exists():

@@ -21,7 +21,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from ragledger.processes import pid_alive, stop_process_group
+from core.processes import pid_alive, stop_process_group
 
 
 class MlflowServerError(RuntimeError):

@@ -28,7 +28,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from ragledger.processes import die_with_parent, pid_alive, stop_child, stop_process_group
+from core.processes import die_with_parent, pid_alive, stop_child, stop_process_group
 
 STARTUP_TIMEOUT_S = float(os.environ.get("RAGLEDGER_PREFECT_STARTUP_TIMEOUT", "300"))
 

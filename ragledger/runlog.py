@@ -18,7 +18,7 @@ import time
 import traceback
 from pathlib import Path
 
-from ragledger.secrets import scrub
+from core.secrets import scrub
 
 RUN_LOG_ENV = "RAGLEDGER_RUN_LOG"
 # records of a failed flow or task run: the failure reaches the CLI as the exception itself, which it reports

@@ -11,10 +11,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.panel import Panel
 
-from ragledger.answers import gold_spans
-from tracking.events import EventStore
-from tracking.executions import experiment_outcomes, resolve_cell
-from tracking.lineage import CellChain, cell_chain, chain_records, passage_has_gold
+from core.answers import gold_spans
+from tracking.analysis.executions import experiment_outcomes, resolve_cell
+from tracking.analysis.lineage import CellChain, cell_chain, chain_records, passage_has_gold
+from tracking.store.events import EventStore
 
 
 class TraceError(ValueError):

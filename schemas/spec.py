@@ -34,8 +34,8 @@ class DatasetSpec(_Strict):
         return self.model_dump(exclude={"closed_book_filter"})
 
     def sampled_questions(self) -> list:
-        """The questions a run uses: the dataset loaded, then its seeded sample of `limit` (ragledger/datasets.py)."""
-        from ragledger.datasets import load_questions, sample_questions
+        """The questions a run uses: the dataset loaded, then its seeded sample of `limit` (core/datasets.py)."""
+        from core.datasets import load_questions, sample_questions
 
         return sample_questions(load_questions(self.name, self.path), self.limit, self.seed)
 
@@ -108,7 +108,7 @@ class ModelSpec(_Strict):
     @field_validator("base_url")
     @classmethod
     def _no_credentials_in_url(cls, url: str | None) -> str | None:
-        from ragledger.secrets import refuse_credentials
+        from core.secrets import refuse_credentials
 
         refuse_credentials(url, None, "put the API key in an environment variable and name it in model.api_key_env")
         return url
@@ -149,7 +149,7 @@ class TrackingSpec(_Strict):
     @field_validator("mlflow_uri")
     @classmethod
     def _no_credentials_in_uri(cls, uri: str | None) -> str | None:
-        from ragledger.secrets import refuse_credentials
+        from core.secrets import refuse_credentials
 
         refuse_credentials(uri, None, "MLflow reads them from MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD "
                            "(an MLflow server) or PGPASSWORD (PostgreSQL)")
@@ -162,7 +162,7 @@ LATER_SETTINGS = ("shots", "show_initial", "candidates")
 class ReaderEntry(_Strict):
     """A reader with settings; a plain string in `readers` is a ReaderEntry with the defaults."""
 
-    name: str = Field(..., description="a registered reader strategy (tasks/readers READERS)")
+    name: str = Field(..., description="a registered reader strategy (strategies/readers READERS)")
     samples: int = Field(1, ge=1, le=64, description="self-consistency: p samples per call (seed 001 §4.4)")
     sample_temperature: float = Field(0.7, ge=0, le=2, description="temperature of the p samples")
     feedback_k: int | None = Field(None, gt=0, le=100, description="REFEED: documents retrieved with question+answer; "
@@ -222,7 +222,7 @@ class _SpecBase(_Strict):
     @field_validator("retrievers")
     @classmethod
     def _known_retrievers(cls, names: list[str]) -> list[str]:
-        from tasks.retrievers import parse_retriever
+        from strategies.retrievers import parse_retriever
 
         for name in names:
             parse_retriever(name)  # raises ValueError naming the problem
@@ -249,7 +249,7 @@ class _SpecBase(_Strict):
     @field_validator("readers")
     @classmethod
     def _known_readers(cls, entries: list[str | ReaderEntry]) -> list[str | ReaderEntry]:
-        from tasks.readers import READERS
+        from strategies.readers import READERS
 
         for e in entries:
             name = e if isinstance(e, str) else e.name
@@ -295,7 +295,7 @@ class ExperimentSpec(_SpecBase):
 
     @model_validator(mode="after")
     def _gold_needs_gold_paragraphs(self) -> ExperimentSpec:
-        from tasks.retrievers import uses_gold
+        from strategies.retrievers import uses_gold
 
         gold = [r for r in self.retrievers if uses_gold(r)]
         if gold and self.dataset.name != "squad":

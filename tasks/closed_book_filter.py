@@ -13,14 +13,14 @@ import asyncio
 
 import pandas as pd
 
-from ragledger.answers import em_score
-from ragledger.llm import LLMResponse, run_on_engine
+from core.answers import em_score
+from engines.llm import LLMResponse, run_on_engine
+from strategies.readers.base import Call, ReaderInput, ReaderSettings
+from strategies.readers.concatenation import Concatenation
 from tasks.context import llm_client_for
 from tasks.generate import generation_rows, history_by_question, to_request
-from tasks.readers.base import Call, ReaderInput, ReaderSettings
-from tasks.readers.concatenation import Concatenation
 from tasks.stages import FILTER_READER, FILTER_RETRIEVER, FilterStage, RunContext, StageResult
-from tracking.events import new_events
+from tracking.store.events import new_events
 
 
 def filter_calls(questions: pd.DataFrame) -> list[tuple[str, Call]]:
@@ -44,7 +44,7 @@ def answered_closed_book(questions: pd.DataFrame, generations: pd.DataFrame) -> 
 
 
 def run_closed_book_filter(run: RunContext, stage: FilterStage, base_url: str) -> StageResult:
-    spec, store = run.spec(), run.store()
+    spec, store = run.spec, run.store()
     questions = run.questions(store, stage.qids)
     planned = [(qid, 0, call, to_request(call, spec)) for qid, call in filter_calls(questions)]
     client = llm_client_for(spec, base_url, run.store_root)

@@ -12,13 +12,13 @@ import os
 import threading
 from pathlib import Path
 
-from ragledger.llm import LLMClient, api_key_from_env
-from ragledger.llm_types import Endpoint, endpoint_identity, model_identity
-from ragledger.paths import StoreLayout
+from core.paths import StoreLayout
+from engines.llm import LLMClient, api_key_from_env
+from engines.llm_cache import LLMCallCache
+from engines.llm_types import Endpoint, endpoint_identity, model_identity
 from schemas.spec import ExperimentSpec
-from tasks.retrievers import Corpus, Retriever, parse_retriever
+from strategies.retrievers import Corpus, Retriever, parse_retriever
 from tasks.stages import StageResult as StageResult  # results Prefect persisted name it tasks.context.StageResult
-from tracking.llm_cache import LLMCallCache
 
 
 def index_root_for(store_root: str) -> Path:

@@ -21,7 +21,7 @@ from typing import Any
 
 import pandas as pd
 
-from ragledger.answers import (
+from core.answers import (
     contains_token_sequence,
     em_score,
     f1_score,
@@ -30,11 +30,11 @@ from ragledger.answers import (
     normalized_context,
     normalized_passages,
 )
-from tasks.readers import get_reader
+from strategies.readers import get_reader
 from tasks.retrieve import passages_by_question
 from tasks.stages import EVALUATE_VERSION as EVALUATE_VERSION
 from tasks.stages import EvaluateStage, RunContext, StageResult
-from tracking.events import event_id, new_events
+from tracking.store.events import event_id, new_events
 
 
 def error_type(correct: bool, unknown: bool, gold_in_context: bool, prediction_in_context: bool) -> str:
@@ -45,6 +45,21 @@ def error_type(correct: bool, unknown: bool, gold_in_context: bool, prediction_i
     if not gold_in_context:
         return "retrieval_failure"
     return "extraction_error" if prediction_in_context else "hallucination_error"
+
+
+def semantic_matches(votes: pd.DataFrame, answers: dict[str, list[str]]) -> list[bool]:
+    """Per vote, whether its prediction is semantically close to a gold answer (engines/semantic.py)."""
+    from engines.semantic import SEMANTIC_THRESHOLD, max_similarity
+
+    predictions = [v.chosen for v in votes.itertuples()]
+    # only a wrong, non-abstaining prediction needs an embedding: EM decides the rest (and costs nothing)
+    need = [i for i, v in enumerate(votes.itertuples())
+            if not is_unknown(v.chosen) and em_score(v.chosen, answers[v.qid]) < 1.0]
+    close = max_similarity([predictions[i] for i in need], [answers[votes.iloc[i].qid] for i in need])
+    sims = [False] * len(predictions)
+    for i, s in zip(need, close, strict=True):
+        sims[i] = s >= SEMANTIC_THRESHOLD
+    return sims
 
 
 def outcome_rows(
@@ -70,18 +85,7 @@ def outcome_rows(
     usage = generations.groupby("qid")[["tokens_in", "tokens_out"]].sum() if not generations.empty else None
     calls = generations.groupby("qid").size() if not generations.empty else None
     votes = votes[votes["qid"].isin(answers)]
-    predictions = [v.chosen for v in votes.itertuples()]
-    sims = None
-    if semantic and predictions:
-        from ragledger.semantic import SEMANTIC_THRESHOLD, max_similarity
-
-        # only a wrong, non-abstaining prediction needs an embedding: EM decides the rest (and costs nothing)
-        need = [i for i, v in enumerate(votes.itertuples())
-                if not is_unknown(v.chosen) and em_score(v.chosen, answers[v.qid]) < 1.0]
-        close = max_similarity([predictions[i] for i in need], [answers[votes.iloc[i].qid] for i in need])
-        sims = [False] * len(predictions)
-        for i, s in zip(need, close, strict=True):
-            sims[i] = s >= SEMANTIC_THRESHOLD
+    sims = semantic_matches(votes, answers) if semantic and len(votes) else None
     rows = []
     for i, v in enumerate(votes.itertuples()):
         golds = answers[v.qid]
@@ -122,9 +126,9 @@ def outcome_rows(
 
 def embed_gold_answers(questions: pd.DataFrame) -> None:
     """Embed the gold answers of these questions ahead of their evaluation (the flow does it while their calls are in
-    flight): `outcome_rows` then embeds only the predictions, every vector being kept (ragledger/semantic.py). The
+    flight): `outcome_rows` then embeds only the predictions, every vector being kept (engines/semantic.py). The
     evaluations left after a run's last answer are what it waits for at its end."""
-    from ragledger.semantic import embed
+    from engines.semantic import embed
 
     embed(sorted({str(a) for answers in questions["answers"] for a in answers}))
 
@@ -166,7 +170,7 @@ def narrowed_contexts(passages: dict[str, list[tuple[str, str]]], generations: p
 
 def run_evaluate(run: RunContext, stage: EvaluateStage, retrieval_segments: list[str | None],
                  generation_segments: list[str | None], vote_segment: str | None) -> StageResult:
-    spec, store = run.spec(), run.store()
+    spec, store = run.spec, run.store()
     questions = run.questions(store, stage.qids)
     retrievals = store.read("retrievals", paths=[p for p in retrieval_segments if p])
     generations = store.read("generations", paths=[p for p in generation_segments if p])

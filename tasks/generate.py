@@ -11,17 +11,26 @@ from typing import Any, NamedTuple
 
 import pandas as pd
 
-from ragledger import progress
-from ragledger.cell import Cell
-from ragledger.crash import crashpoint
-from ragledger.llm import ContextOverflow, LLMClient, LLMRequest, LLMResponse, run_on_engine
+from core import progress
+from core.cell import Cell
+from core.crash import crashpoint
+from engines.llm import ContextOverflow, LLMClient, LLMRequest, LLMResponse, run_on_engine
 from schemas.spec import ExperimentSpec
+from strategies.readers import get_reader, settings_for
+from strategies.readers.base import (
+    Call,
+    Generation,
+    Passage,
+    Reader,
+    ReaderInput,
+    ReaderSettings,
+    answer_token_prob,
+    parse_output,
+)
 from tasks.context import llm_client_for, retriever_for
-from tasks.readers import get_reader, settings_for
-from tasks.readers.base import Call, Generation, Passage, Reader, ReaderInput, ReaderSettings, answer_token_prob, parse_output
 from tasks.retrieve import passages_by_question
 from tasks.stages import GenerateStage, RunContext, StageResult
-from tracking.events import event_id, new_events, stable_hash
+from tracking.store.events import event_id, new_events, stable_hash
 
 
 def reader_inputs(questions: pd.DataFrame, retrievals: pd.DataFrame) -> list[ReaderInput]:
@@ -68,7 +77,7 @@ def feedback_retrieval(spec: ExperimentSpec, retriever_name: str, store_root: st
         return None
     import copy
 
-    from tasks.retrievers import Query
+    from strategies.retrievers import Query
 
     def retrieve(text: str, k: int | None = None) -> list[Passage]:
         base = retriever_for(spec, retriever_name, store_root)  # opened on first use (memoised per process)
@@ -98,7 +107,7 @@ def to_request(call: Call, spec: ExperimentSpec) -> LLMRequest:
 
 def overflow_message(cell: str, qid: str, round_no: int, call: Call, exc: BaseException) -> str:
     """One line for a prompt the server refused as longer than its context: which cell, question and call, what the
-    server said, and what shortens it (ContextOverflow, ragledger/llm_http.py)."""
+    server said, and what shortens it (ContextOverflow, engines/llm_http.py)."""
     return (f"cell '{cell}', question {qid} (round {round_no}, {call.role} call): {exc}; shorten the prompt (fewer or "
             f"shorter passages: the retriever's k, trunc(...)) or serve a longer context (vLLM --max-model-len; the "
             f"embedded model: model.context_window)")
@@ -178,7 +187,7 @@ def plan_round(spec: ExperimentSpec, stage: GenerateStage, store_root: str, ques
 
 def run_generate_round(run: RunContext, stage: GenerateStage, base_url: str, retrieval_segments: list[str | None],
                        previous_segments: list[str | None], logprobs_base_url: str | None = None) -> StageResult:
-    spec, store = run.spec(), run.store()
+    spec, store = run.spec, run.store()
     history = history_by_question(store.read("generations", paths=[p for p in previous_segments if p]))
     round_plan = plan_round(spec, stage, run.store_root, run.questions(store, stage.qids),
                             store.read("retrievals", paths=[p for p in retrieval_segments if p]), history)

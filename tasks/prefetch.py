@@ -11,7 +11,7 @@ import threading
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from tasks.retrievers import Hit
+    from strategies.retrievers import Hit
     from tasks.stages import RetrieveStage
 
 # Shards retrieved before the flow's tasks ran (flows/warmup.py): stage key -> a future of its hits, filled by the

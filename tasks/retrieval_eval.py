@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import time
 
-from ragledger.answers import has_answer, normalized_passages
+from core.answers import has_answer, normalized_passages
 from schemas.spec import ExperimentSpec
+from strategies.retrievers import Query, parse_retriever
 from tasks.context import retriever_for
-from tasks.retrievers import Query, parse_retriever
 
 
 def retrieval_recall(spec: ExperimentSpec, store_root: str, log=print, batch: int = 1000) -> list[dict]:

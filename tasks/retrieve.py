@@ -9,15 +9,15 @@ from typing import Any
 
 import pandas as pd
 
-from ragledger import progress
-from ragledger.crash import crashpoint
-from ragledger.llm import LLMClient, LLMRequest, LLMResponse, run_on_engine
+from core import progress
+from core.crash import crashpoint
+from engines.llm import LLMClient, LLMRequest, LLMResponse, run_on_engine
 from schemas.spec import ExperimentSpec
+from strategies.retrievers import Hit, LLMFn, LLMPrompt, Query, Retriever
 from tasks.context import llm_client_for, retriever_for
 from tasks.prefetch import take_prefetched
-from tasks.retrievers import Hit, LLMFn, LLMPrompt, Query, Retriever
 from tasks.stages import RetrieveStage, RunContext, StageResult
-from tracking.events import event_id, new_events
+from tracking.store.events import event_id, new_events
 
 
 def retrieval_rows(experiment: str, retriever: Retriever, stage_key: str, results: dict[str, list[Hit]]) -> list[dict[str, Any]]:
@@ -63,7 +63,7 @@ def queries_of(questions: Iterable[Any]) -> list[Query]:
 
 
 def run_retrieve(run: RunContext, stage: RetrieveStage, base_url: str = "") -> StageResult:
-    spec, store = run.spec(), run.store()
+    spec, store = run.spec, run.store()
     retriever = retriever_for(spec, stage.retriever, run.store_root)
     client = llm_client_for(spec, base_url, run.store_root) if retriever.needs_llm else None
     results = take_prefetched(stage)

@@ -20,10 +20,10 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ragledger.cell import Cell
-from ragledger.llm_types import endpoint_identity
+from core.cell import Cell
+from engines.llm_types import endpoint_identity
 from schemas.spec import ExperimentSpec
-from tracking.events import EventStore, stable_hash
+from tracking.store.events import EventStore, stable_hash
 
 # the flow version the first key of every chain carries (filter, retrieve): bumping it re-runs every stage
 KEY_VERSION = "1"
@@ -69,17 +69,14 @@ def model_key(spec: ExperimentSpec) -> str:
 
 @dataclass(frozen=True)
 class RunContext:
-    """What every task of one run shares: the spec (as a dict: tasks rebuild everything from small inputs, so the
-    same code runs on Dask workers), the store, the run's questions segment and the token that tells this run's
-    task runs from cached ones."""
+    """What every task of one run shares: the spec (the typed model, parsed once by whoever started the run; it
+    travels to Dask workers pickled), the store, the run's questions segment and the token that tells this run's task
+    runs from cached ones."""
 
-    spec_dict: dict[str, Any]
+    spec: ExperimentSpec
     store_root: str
     questions_segment: str
     run_token: str
-
-    def spec(self) -> ExperimentSpec:
-        return ExperimentSpec.model_validate(self.spec_dict)
 
     def store(self) -> EventStore:
         return EventStore(self.store_root)

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+from strategies.readers import get_reader, settings_for
 from tasks.generate import history_by_question, reader_inputs
-from tasks.readers import get_reader, settings_for
 from tasks.stages import RunContext, StageResult, VoteStage
-from tracking.events import event_id, new_events
+from tracking.store.events import event_id, new_events
 
 
 def run_vote(run: RunContext, stage: VoteStage, retrieval_segments: list[str | None],
              generation_segments: list[str | None]) -> StageResult:
-    spec, store = run.spec(), run.store()
+    spec, store = run.spec, run.store()
     entry = spec.reader_entry(stage.reader)
     reader = get_reader(entry.name)
     settings = settings_for(entry)

@@ -129,10 +129,10 @@ EMBEDDED_MODEL = "qwen2.5-0.5b-instruct-q4km"
 @pytest.fixture(scope="session")
 def embedded_servers(tmp_path_factory) -> str:
     """One pair of embedded llama.cpp servers for the whole pytest run, plain and with log-probabilities, as the
-    value of RAGLEDGER_EMBEDDED_SERVERS (ragledger/embedded.py `attached_endpoints`). The real-model tests that do
+    value of RAGLEDGER_EMBEDDED_SERVERS (engines/embedded.py `attached_endpoints`). The real-model tests that do
     not test the embedded backend's own start and stop use them (`shared_embedded`); each start loads the model and
     answers a first completion, and a stopped server's test would only repeat that."""
-    from ragledger.embedded import attach_value, embedded_server, llama_server_available
+    from engines.embedded import attach_value, embedded_server, llama_server_available
 
     assert llama_server_available(), "llama-cpp-python[server] missing: run bash infra/setup.sh"
     logs = tmp_path_factory.mktemp("embedded-servers")
@@ -145,7 +145,7 @@ def embedded_servers(tmp_path_factory) -> str:
 @pytest.fixture
 def shared_embedded(embedded_servers, monkeypatch) -> str:
     """Runs of this test with `backend: embedded` (CLI subprocesses included) use the shared servers."""
-    from ragledger.embedded import ATTACH_ENV
+    from engines.embedded import ATTACH_ENV
 
     monkeypatch.setenv(ATTACH_ENV, embedded_servers)
     return embedded_servers

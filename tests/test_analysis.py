@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 from scipy.stats import binomtest
 
-from tracking import analysis as an
-from tracking.stats import compare_cells, mcnemar_exact, paired_bootstrap_ci
+from tracking.analysis import inconsistency as an
+from tracking.analysis.stats import compare_cells, mcnemar_exact, paired_bootstrap_ci
 
 
 def test_rwr_hand_computed_with_a_cell_never_wrong():
@@ -117,11 +117,11 @@ def test_compare_cells_flip_table_and_paired_ci():
 
 
 def test_one_bootstrap_for_every_ci():
-    """The accuracy CI and the paired CI of ΔEM are tracking.metrics.bootstrap_ci (the readers table's EM CI), so a
+    """The accuracy CI and the paired CI of ΔEM are tracking.analysis.metrics.bootstrap_ci (the readers table's EM CI), so a
     cell has one CI wherever it is shown. It does not depend on the order of the questions or on the chunking, and
     it matches resampling the questions' indices in distribution."""
-    from tracking import metrics
-    from tracking.metrics import bootstrap_ci
+    from tracking.analysis import metrics
+    from tracking.analysis.metrics import bootstrap_ci
 
     rng = np.random.default_rng(5)
     v = (rng.random(400) < 0.3).astype(float)

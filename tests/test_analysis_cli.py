@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ragledger.cli import app
-from tracking.events import EventStore, event_id, new_events
+from tracking.store.events import EventStore, event_id, new_events
 
 EXP = "tiny"
 QUESTIONS = {
@@ -144,7 +144,7 @@ def test_trace_shows_lineage(store):
 def test_analysis_writes_tables_plots_report_to_the_parent_run(store, tmp_path):
     root, segs = store
     from flows.analyze import run_analysis
-    from tracking.mlflow_log import MlflowLogger
+    from tracking.mlflow.log import MlflowLogger
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     logger = MlflowLogger(uri, EXP)
@@ -199,7 +199,7 @@ def test_analyze_command_runs_the_flow_and_prints_tables(store, prefect_harness)
 
 
 def test_resolve_cell_by_words():
-    from tracking.executions import resolve_cell
+    from tracking.analysis.executions import resolve_cell
 
     cells = ["bm25@5 · concatenation · m", "bm25@5 · post_fusion · m", "none · post_fusion · m"]
     assert resolve_cell("bm25@5 · post_fusion · m", cells) == cells[1]
@@ -288,10 +288,10 @@ def test_analyze_prints_one_mrlr_table_per_reader(tmp_path, prefect_harness):
 
 def test_a_cell_has_one_em_ci_in_the_readers_table_the_cli_and_the_report(tmp_path, prefect_harness):
     """The EM 95% CI of a cell is the same in the readers table `ragledger run` prints, in `ragledger analyze`'s
-    table and in report.html: all three come from tracking.metrics.bootstrap_ci, whatever order each reads the
+    table and in report.html: all three come from tracking.analysis.metrics.bootstrap_ci, whatever order each reads the
     questions in (the analysis sorts them by qid: q1, q10, q11, ...)."""
-    from tracking.metrics import cell_metrics
-    from tracking.readers_table import display_rows, readers_table
+    from tracking.analysis.metrics import cell_metrics
+    from tracking.analysis.readers_table import display_rows, readers_table
 
     rng = np.random.default_rng(4)  # cell a: EM 50.0 [35.0, 65.0]; resampling indices in qid order gave [35.0, 67.5]
     ems = {(r, "concatenation"): [int(x) for x in rng.random(40) < p] for r, p in (("a", 0.55), ("b", 0.3))}

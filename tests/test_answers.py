@@ -1,6 +1,6 @@
 import pytest
 
-from ragledger.answers import em_score, f1_score, has_answer, is_unknown, normalize_answer, token_f1
+from core.answers import em_score, f1_score, has_answer, is_unknown, normalize_answer, token_f1
 
 
 @pytest.mark.parametrize(
@@ -58,7 +58,7 @@ def test_token_subsequence_search_equals_the_token_list_definition():
     (the needle's normalized tokens occur as a contiguous run of the haystack's) on arbitrary text."""
     import random
 
-    from ragledger.answers import contains_token_sequence, normalize_answer
+    from core.answers import contains_token_sequence, normalize_answer
 
     def by_definition(haystack: str, needle: str) -> bool:
         n, h = normalize_answer(needle).split(), normalize_answer(haystack).split()
@@ -73,7 +73,7 @@ def test_token_subsequence_search_equals_the_token_list_definition():
 
 
 def test_a_context_normalized_once_gives_the_same_checks_as_the_raw_text():
-    from ragledger.answers import contains_token_sequence, has_answer, normalized_context
+    from core.answers import contains_token_sequence, has_answer, normalized_context
 
     context = "The Broncos beat the Panthers 24–10 in Super Bowl 50, at Levi's Stadium (Santa Clara)."
     once = normalized_context(context)
@@ -92,8 +92,8 @@ def test_passages_normalized_one_by_one_give_the_joined_context_normalized_whole
     punctuation-only passages, articles and punctuation at a passage's ends, non-ASCII dashes."""
     import random
 
-    from ragledger.answers import normalized_context, normalized_passages
-    from ragledger.datasets import iter_corpus
+    from core.answers import normalized_context, normalized_passages
+    from core.datasets import iter_corpus
 
     texts = [text for _, _, _, text in iter_corpus("squad-paragraphs", ["squad/dev-v1.1.json.gz"])]
     edges = ["", "...", "The", "the end, the", "—the— A. an", "  An apple ", "Ωmega—the", "\n\n", "a"]

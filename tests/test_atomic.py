@@ -1,4 +1,4 @@
-"""ragledger.atomic: a file appears whole or not at all, and a failed write leaves no temporary file."""
+"""core.atomic: a file appears whole or not at all, and a failed write leaves no temporary file."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from ragledger.atomic import atomic_path, atomic_write_bytes, atomic_write_text, temp_path
+from core.atomic import atomic_path, atomic_write_bytes, atomic_write_text, temp_path
 
 
 def test_writes_replace_the_whole_file(tmp_path):
@@ -37,7 +37,7 @@ def test_temp_names_carry_the_writer_pid_beside_the_target(tmp_path):
 
 
 def test_publish_dir_moves_a_build_into_place_and_a_lost_race_to_a_finished_build_is_fine(tmp_path):
-    from ragledger.atomic import COMPLETE_MARKER, publish_dir
+    from core.atomic import COMPLETE_MARKER, publish_dir
 
     target = tmp_path / "index"
     for i in range(2):  # two builders of the same index; the second loses the rename

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from ragledger.call_gate import CallGate, common_prefix_len
+from engines.call_gate import CallGate, common_prefix_len
 
 
 def test_common_prefix_len():
@@ -98,7 +98,7 @@ def test_each_admission_is_reported_with_the_queue_and_the_shared_prefix():
 
 
 def test_the_admission_log_appends_json_lines_to_the_file_named_by_the_environment(tmp_path, monkeypatch):
-    from ragledger.call_gate import admission_log_from_env
+    from engines.call_gate import admission_log_from_env
 
     monkeypatch.delenv("RAGLEDGER_GATE_LOG", raising=False)
     assert admission_log_from_env() is None

@@ -1,4 +1,4 @@
-"""Call packs (tracking/callpack.py) and `ragledger cache export/import` (ragledger/cli_share.py): an experiment's
+"""Call packs (tracking/store/callpack.py) and `ragledger cache export/import` (ragledger/cli_share.py): an experiment's
 LLM calls move between call caches with their responses, usage and token log-probabilities; a damaged pack is one
 error line and imports nothing."""
 
@@ -11,9 +11,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from tracking import callpack
-from tracking.events import EventStore, new_events, stable_hash
-from tracking.llm_cache import LLMCallCache
+from engines.llm_cache import LLMCallCache
+from tracking.store import callpack
+from tracking.store.events import EventStore, new_events, stable_hash
 
 
 def response(i: int) -> dict:

@@ -1,10 +1,10 @@
-"""ragledger.cell: the one builder and parser of cell names."""
+"""core.cell: the one builder and parser of cell names."""
 
 from __future__ import annotations
 
 import pytest
 
-from ragledger.cell import Cell, is_ensemble_retriever
+from core.cell import Cell, is_ensemble_retriever
 
 
 def test_name_is_the_stored_format():

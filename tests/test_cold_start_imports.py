@@ -3,8 +3,8 @@ starts. Timing is measured in tests/benchmarks/test_cold_start.py; these tests c
 
 - A fresh process importing the CLI and the flow modules (all that `ragledger run` imports before the flow
   starts) loads none of torch, transformers, sentence-transformers, Pyserini (and its JVM bridge), ONNX Runtime
-  or MLflow: each is imported inside the function that needs it (ragledger/onnx_encoder.py, tasks/retrievers/bm25.py,
-  ragledger/java.py, tracking/mlflow_log.py); the semantic match itself never imports torch.
+  or MLflow: each is imported inside the function that needs it (engines/onnx_encoder.py, strategies/retrievers/bm25.py,
+  engines/java.py, tracking/mlflow/log.py); the semantic match itself never imports torch.
 - A rerun answered entirely from the caches starts no JVM, searches no BM25 index, loads no embedding model and
   makes no model call (flows/experiment.py starts the model endpoint only when a task must call it).
 """
@@ -63,11 +63,11 @@ def test_the_semantic_match_imports_no_torch():
     """The evaluate stage's semantic match (and every other embedding) runs the exported ONNX graph with the model's
     own tokenizer: a run never imports torch, transformers or sentence-transformers once the graph is exported
     (infra/setup.sh exports it; exporting here makes the test independent of that)."""
-    from ragledger.onnx_encoder import export_graph
+    from engines.onnx_encoder import export_graph
 
     export_graph()
-    fresh = uuid.uuid4().hex  # texts this machine has not embedded yet (ragledger/vector_cache.py): encoded now
-    statement = ("from ragledger.semantic import max_similarity; "
+    fresh = uuid.uuid4().hex  # texts this machine has not embedded yet (engines/vector_cache.py): encoded now
+    statement = ("from engines.semantic import max_similarity; "
                  f"max_similarity(['Denver {fresh}'], [['Denver Broncos {fresh}']])")
     assert heavy_modules_after(statement) == ["onnxruntime"]
 
@@ -92,17 +92,17 @@ def test_a_cached_rerun_starts_no_jvm_and_no_embedding_model(workspace, prefect_
                 raise AssertionError(f"a fully cached rerun {what}")
             return fail
 
-        import ragledger.java
-        import ragledger.onnx_encoder
-        import ragledger.semantic
-        import tasks.retrievers.bm25
-        import tasks.retrievers.lucene
+        import engines.java
+        import engines.onnx_encoder
+        import engines.semantic
+        import strategies.retrievers.bm25
+        import strategies.retrievers.lucene
 
-        monkeypatch.setattr(ragledger.java, "ensure_jvm", refuse("started the JVM"))
-        monkeypatch.setattr(tasks.retrievers.bm25, "searcher", refuse("opened a BM25 searcher"))
-        monkeypatch.setattr(tasks.retrievers.lucene, "searcher", refuse("opened the corpus's index"))
-        monkeypatch.setattr(ragledger.onnx_encoder, "_session", refuse("loaded the embedding model"))
-        monkeypatch.setattr(ragledger.semantic, "embed", refuse("embedded answers"))
+        monkeypatch.setattr(engines.java, "ensure_jvm", refuse("started the JVM"))
+        monkeypatch.setattr(strategies.retrievers.bm25, "searcher", refuse("opened a BM25 searcher"))
+        monkeypatch.setattr(strategies.retrievers.lucene, "searcher", refuse("opened the corpus's index"))
+        monkeypatch.setattr(engines.onnx_encoder, "_session", refuse("loaded the embedding model"))
+        monkeypatch.setattr(engines.semantic, "embed", refuse("embedded answers"))
         second = run_flow(spec)
         assert second["llm_calls"] == 0 and server.calls == calls
         assert second["tasks_from_cache"] == second["tasks_total"]
@@ -111,16 +111,16 @@ def test_a_cached_rerun_starts_no_jvm_and_no_embedding_model(workspace, prefect_
 
 
 def test_gold_answers_are_embedded_while_the_calls_are_in_flight(workspace, prefect_harness, monkeypatch):  # noqa: F811
-    """The flow embeds each shard's gold answers once its retrieval is in, before its evaluation (flows/execute.py
+    """The flow embeds each shard's gold answers once its retrieval is in, before its evaluation (flows/executor.py
     `PlanExecution`), so an evaluation after the run's last answer embeds only predictions. Seen here as the gold
     answers of the questions answered right ("Paris" on bm25@2), which an evaluation alone never embeds (EM decides
     them), reaching the encoder."""
-    import ragledger.semantic
+    import engines.semantic
     from tests.test_flow_scripted import QUESTIONS
 
     asked: list[list[str]] = []
-    embed = ragledger.semantic.embed
-    monkeypatch.setattr(ragledger.semantic, "embed", lambda texts: asked.append(list(texts)) or embed(texts))
+    embed = engines.semantic.embed
+    monkeypatch.setattr(engines.semantic, "embed", lambda texts: asked.append(list(texts)) or embed(texts))
     with ScriptedServer(answer=answer_from_context) as server:
         summary = run_flow(make_spec(workspace, server.base_url))
     assert any(cell["em"] > 0 for cell in summary["cells"].values())  # some answered right
@@ -136,8 +136,8 @@ def test_the_warm_up_hands_its_shards_and_early_calls_to_the_flow(workspace, pre
     no call twice, the results are those of a run without it, and a rerun (its stages persisted by Prefect)
     prepares nothing. The first shard is retrieved in two parts (its first question, then the rest), as a larger
     shard's first 16 questions are."""
+    import engines.llm
     import flows.warmup
-    import ragledger.llm
     import tasks.prefetch
     from flows.warmup import take_started_at, warm_up
     from schemas.spec import parse_spec
@@ -148,13 +148,13 @@ def test_the_warm_up_hands_its_shards_and_early_calls_to_the_flow(workspace, pre
         warm_up(parse_spec(spec), spec["tracking"]["store"], None).join()  # not stopped: it prepares every shard
         shards = len(tasks.prefetch._prefetched)
         assert shards == 3 * 2  # 5 questions in shards of 2, for bm25@2 and none
-        early = len(ragledger.llm._EARLY)
+        early = len(engines.llm._EARLY)
         assert early > 0
         warmed = run_flow(spec)
-        assert tasks.prefetch._prefetched == {} and ragledger.llm._EARLY == {}  # each taken by its own task
+        assert tasks.prefetch._prefetched == {} and engines.llm._EARLY == {}  # each taken by its own task
         warmed_server_calls = server.calls
         assert warm_up(parse_spec(spec), spec["tracking"]["store"], None).join() is None
-        assert tasks.prefetch._prefetched == {} and ragledger.llm._EARLY == {}  # all persisted: nothing to prepare
+        assert tasks.prefetch._prefetched == {} and engines.llm._EARLY == {}  # all persisted: nothing to prepare
         take_started_at()  # that warm-up's run is not run here
         cold = run_flow({**spec, "tracking": {**spec["tracking"], "store": str(workspace / "store-without-warm-up")}})
         # the second store has no call cache: every call again, as many as with the warm-up
@@ -163,9 +163,9 @@ def test_the_warm_up_hands_its_shards_and_early_calls_to_the_flow(workspace, pre
         # segment is gone, so the warm-up prepares every shard again instead of leaving it all to the flow
         shutil.rmtree(spec["tracking"]["store"])
         warm_up(parse_spec(spec), spec["tracking"]["store"], None).join()
-        assert len(tasks.prefetch._prefetched) == shards and len(ragledger.llm._EARLY) == early
+        assert len(tasks.prefetch._prefetched) == shards and len(engines.llm._EARLY) == early
         again = run_flow(spec)
-        assert ragledger.llm._EARLY == {}  # every early call taken over by its generate task
+        assert engines.llm._EARLY == {}  # every early call taken over by its generate task
         tasks.prefetch._prefetched.clear()  # "none" retrieves nothing: its persisted result stands, unclaimed here
         # (this process's model-call process still holds the deleted store's call cache: hits, not calls)
         assert again["llm_calls"] + again["cache_hits"] == cold["llm_calls"] + cold["cache_hits"]

@@ -1,5 +1,5 @@
-"""Every corpus source at a tiny size, read through ragledger as a run reads it (tasks/retrievers/corpus.py,
-tasks/retrievers/lucene.py): a JSON-lines file, DPR's passage TSV, a Lucene index built by Pyserini's own indexer,
+"""Every corpus source at a tiny size, read through ragledger as a run reads it (strategies/retrievers/corpus.py,
+strategies/retrievers/lucene.py): a JSON-lines file, DPR's passage TSV, a Lucene index built by Pyserini's own indexer,
 and a Pyserini prebuilt index found in Pyserini's cache (placed there: no download here). Each gives the same hits
 over the same passages; a bad corpus is one `error:` line naming what is wrong, and nothing is written."""
 
@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from ragledger.datasets import DatasetError
-from ragledger.hashing import stable_hash
-from tasks.retrievers import parse_retriever
-from tasks.retrievers.base import Query, reader_text
-from tasks.retrievers.corpus import Corpus, CorpusError
-from tasks.retrievers.lucene import PassageStore
+from core.datasets import DatasetError
+from core.hashing import stable_hash
+from strategies.retrievers import parse_retriever
+from strategies.retrievers.base import Query, reader_text
+from strategies.retrievers.corpus import Corpus, CorpusError
+from strategies.retrievers.lucene import PassageStore
 from tests.corpora import pyserini_index
 
 PASSAGES = [  # DPR's rows look like this: an integer id, a 100-word text, the article title
@@ -170,7 +170,7 @@ def faiss_directory(folder: Path, pids: list[str], texts: list[str]) -> Path:
     """A FAISS index directory in Pyserini's layout (`index`, `docid`), its vectors the bundled encoder's."""
     import faiss
 
-    from ragledger.onnx_encoder import encode
+    from engines.onnx_encoder import encode
 
     folder.mkdir(parents=True)
     vectors = encode(texts)

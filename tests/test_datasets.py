@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from ragledger.datasets import DatasetError, iter_corpus, load_questions, sample_questions
+from core.datasets import DatasetError, iter_corpus, load_questions, sample_questions
 
 
 @pytest.mark.parametrize(

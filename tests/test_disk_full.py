@@ -31,7 +31,7 @@ def small_fs(tmp_path):
 
 
 def store_table(store: Path) -> list[tuple]:
-    from tracking.query import query
+    from tracking.analysis.query import query
 
     df = query(store, "SELECT cell, qid, prediction, em, f1, error_type FROM outcomes ORDER BY cell, qid")
     return [tuple(r) for r in df.itertuples(index=False)]
@@ -91,8 +91,8 @@ def _fill(fs: Path) -> Path:
 def test_a_segment_that_does_not_fit_names_itself_and_leaves_nothing(small_fs):
     import pandas as pd
 
-    from tracking.diskfull import StoreFullError
-    from tracking.events import EventStore, new_events
+    from core.diskfull import StoreFullError
+    from tracking.store.events import EventStore, new_events
 
     store = EventStore(small_fs / "store")
     rows = [{"event_id": f"{i:032d}", "cell": "", "qid": f"q{i}", "dataset": "jsonl", "question": "x" * 2000,
@@ -109,8 +109,8 @@ def test_a_segment_that_does_not_fit_names_itself_and_leaves_nothing(small_fs):
 
 
 def test_the_call_cache_on_a_full_disk_names_itself_and_keeps_what_it_had(small_fs):
-    from tracking.diskfull import StoreFullError
-    from tracking.llm_cache import LLMCallCache
+    from core.diskfull import StoreFullError
+    from engines.llm_cache import LLMCallCache
 
     cache = LLMCallCache(small_fs / "store" / "llm_cache.sqlite")
     cache.put("k0", {"text": "kept"})

@@ -75,8 +75,8 @@ def test_spec_examples_validate():
 
 
 def test_every_reader_and_retriever_kind_is_documented():
-    from tasks.readers import READERS
-    from tasks.retrievers import PLAIN, SOURCES, WRAPPERS
+    from strategies.readers import READERS
+    from strategies.retrievers import PLAIN, SOURCES, WRAPPERS
 
     text = (DOCS / "spec.md").read_text()
     missing = [f"reader {n}" for n in READERS if f"`{n}`" not in text]
@@ -128,8 +128,8 @@ def test_every_environment_variable_is_documented():
 @pytest.fixture
 def registries():
     """The live registries, restored after a test adds to them."""
-    from tasks.readers import READERS
-    from tasks.retrievers import PLAIN, SOURCES, WRAPPERS
+    from strategies.readers import READERS
+    from strategies.retrievers import PLAIN, SOURCES, WRAPPERS
 
     saved = [(r, dict(r)) for r in (READERS, SOURCES, PLAIN, WRAPPERS)]
     yield
@@ -145,14 +145,14 @@ def test_extending_examples_run(registries):
     namespace: dict = {"__name__": "docs_extending"}
     for i, body in enumerate(code):
         exec(compile(body, f"docs/extending.md block {i + 1}", "exec"), namespace)
-    from tasks.readers import READERS
-    from tasks.retrievers import SOURCES
+    from strategies.readers import READERS
+    from strategies.retrievers import SOURCES
 
     assert "top_passage" in READERS and "overlap" in SOURCES  # the examples registered themselves
 
 
 def outcome_row(cell: str, qid: str, em: float) -> dict:
-    from tracking.events import event_id
+    from tracking.store.events import event_id
 
     retriever, reader, model = cell.split(" · ")
     return {"event_id": event_id("outcomes", "demo", cell, qid), "cell": cell, "qid": qid, "retriever": retriever,
@@ -165,7 +165,7 @@ def outcome_row(cell: str, qid: str, em: float) -> dict:
 def repo_copy(tmp_path):
     """A stand-in for the repository root: every top-level entry linked, and a small store of its own in
     .ragledger/store (a demo experiment with two cells), so runnable commands touch nothing of the real checkout."""
-    from tracking.events import EventStore, new_events
+    from tracking.store.events import EventStore, new_events
 
     root = tmp_path / "repo"
     root.mkdir()

@@ -1,8 +1,8 @@
-"""The embedded server's own count of the prompt tokens it evaluated, read from its log (ragledger/embedded.py)."""
+"""The embedded server's own count of the prompt tokens it evaluated, read from its log (engines/embedded.py)."""
 
 from __future__ import annotations
 
-from ragledger import embedded
+from engines import embedded
 
 # lines as llama-cpp-python 0.3.36's server writes them (copied from a real run's log)
 LOG_BEFORE = b"""INFO:     Uvicorn running on http://127.0.0.1:57159 (Press CTRL+C to quit)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tracking import eor
-from tracking.events import EventStore, event_id, new_events
+from tracking.analysis import eor
+from tracking.store.events import EventStore, event_id, new_events
 
 
 def outcome_row(experiment, retriever, qid, prediction, gold, reader="concatenation", model="m"):

@@ -7,8 +7,8 @@ import json
 import math
 import os
 
-from ragledger.datasets import load_questions
-from tracking.metrics import cached_cell_metrics
+from core.datasets import load_questions
+from tracking.analysis.metrics import cached_cell_metrics
 
 
 def test_cell_metrics_are_computed_once_per_segment_set_and_read_back_equal(tmp_path):
@@ -33,7 +33,7 @@ def test_cell_metrics_are_computed_once_per_segment_set_and_read_back_equal(tmp_
 
 
 def test_a_dataset_file_is_parsed_once_per_process_and_again_when_it_changes(tmp_path, monkeypatch):
-    import ragledger.datasets as ds
+    import core.datasets as ds
 
     path = tmp_path / "qa.jsonl"
     path.write_text('{"id": "a", "question": "Who?", "answers": ["Ann"]}\n{"id": "b", "question": "What?", "answers": ["B"]}\n')
@@ -52,7 +52,7 @@ def test_a_dataset_file_is_parsed_once_per_process_and_again_when_it_changes(tmp
 def test_projection_temp_files_follow_the_stores_clean_up_convention(tmp_path):
     """A projection written aside by a writer that was killed is found by `store verify` and removed once its pid is
     gone, like an interrupted segment write (the temp names carry the writer's pid)."""
-    from tracking.events import EventStore, temp_path
+    from tracking.store.events import EventStore, temp_path
 
     projections = tmp_path / "projections" / "metrics"
     projections.mkdir(parents=True)

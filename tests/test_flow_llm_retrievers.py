@@ -8,7 +8,7 @@ import json
 import subprocess
 import sys
 
-from tasks.retrievers.llm_prompts import COMPRESS_USER, GENREAD_USER
+from strategies.retrievers.llm_prompts import COMPRESS_USER, GENREAD_USER
 from tests.fakes.openai_server import ScriptedServer
 from tests.test_flow_scripted import answer_from_context, make_spec, run_flow
 from tests.test_flow_scripted import workspace as workspace  # the pytest fixture
@@ -36,7 +36,7 @@ def test_compress_and_parametric_through_the_flow(workspace, prefect_harness):
         spec = make_spec(workspace, server.base_url, readers=("concatenation",))
         spec["retrievers"] = ["compress(bm25@2)", "parametric", "hybrid(bm25@1,parametric)"]
         first = run_flow(spec)
-        from tracking.query import query
+        from tracking.analysis.query import query
 
         store = spec["tracking"]["store"]
         r = query(store, "SELECT retriever, qid, rank, pid, text FROM retrievals ORDER BY retriever, qid, rank")

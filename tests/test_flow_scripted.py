@@ -73,7 +73,7 @@ def test_flow_end_to_end_then_rerun_makes_no_calls(workspace, prefect_harness):
         spec = make_spec(workspace, server.base_url)
         first = run_flow(spec)
         # concatenation: 1 call per question and retriever; PF: 1 per retrieved passage (none: zero passages)
-        from tracking.query import query
+        from tracking.analysis.query import query
 
         retrieved = int(query(spec["tracking"]["store"], "SELECT count(*) AS n FROM retrievals")["n"][0])
         assert 5 <= retrieved <= 10
@@ -143,7 +143,7 @@ def test_changing_only_the_vote_reruns_no_generation(workspace, prefect_harness,
         spec = make_spec(workspace, server.base_url, readers=("post_fusion",))
         run_flow(spec)
         calls = server.calls
-        from tasks.readers.post_fusion import PostFusion
+        from strategies.readers.post_fusion import PostFusion
 
         monkeypatch.setattr(PostFusion, "vote_version", "a-new-decision-rule")
         again = run_flow(spec)

@@ -65,7 +65,7 @@ def test_gold_passage_filter_and_readers_table(workspace, prefect_harness):
     import mlflow
 
     from flows.experiment import experiment_flow
-    from tracking.query import query
+    from tracking.analysis.query import query
 
     with ScriptedServer(answer=model) as server:
         spec = make_spec(workspace, server.base_url, closed_book_filter=True)
@@ -134,7 +134,7 @@ def test_gold_trigger_answer_string_by_default_gold_id_as_option(workspace, pref
     """Seed 001 §4.2: the gold passage goes in when the top-k does not contain the answer (`gold(X,random)`);
     `gold(X,random,id)` inserts whenever the gold paragraph id is missing."""
     from flows.experiment import experiment_flow
-    from tracking.query import query
+    from tracking.analysis.query import query
 
     with gzip.open(workspace / "mini-squad.json.gz", "wt", encoding="utf-8") as fh:
         json.dump(TRIGGER_SQUAD, fh)

@@ -32,7 +32,7 @@ def smoke_run(tmp_path_factory):
     """The CLI with `backend: embedded` as a user meets it, on configs/smoke.yaml: a run killed with SIGKILL once its
     embedded server has answered a call (the server must die with it), the same command again (it resumes), and
     once more (every answer from the store: no model call)."""
-    from ragledger.embedded import llama_server_available
+    from engines.embedded import llama_server_available
 
     assert llama_server_available(), "llama-cpp-python[server] missing: run bash infra/setup.sh"
     cwd = tmp_path_factory.mktemp("smoke")
@@ -91,7 +91,7 @@ print(json.dumps(out))
 
 def test_outcomes_view_rereads_the_stored_records(smoke_run):
     cwd, _, _, s1, _ = smoke_run
-    from tracking.query import query
+    from tracking.analysis.query import query
 
     df = query(cwd / ".ragledger" / "store", "SELECT cell, avg(em) * 100 AS em, count(*) AS n FROM outcomes GROUP BY cell")
     for row in df.itertuples():
@@ -131,7 +131,7 @@ def test_refeed_log_probabilities_come_from_the_real_embedded_model(tmp_path):
     out = run_cli(tmp_path, "run", str(spec), "--json", "run.json")
     assert out.returncode == 0, out.stdout + out.stderr
     assert json.loads((tmp_path / "run.json").read_text())["llm_calls"] == 1 + 2  # concatenation 1, refeed 2
-    from tracking.query import query
+    from tracking.analysis.query import query
 
     store = tmp_path / ".ragledger" / "store"
     gens = query(store, "SELECT reader, role, logprob FROM generations")
@@ -170,7 +170,7 @@ def killed_with_its_server(cwd: Path, calls_answered: int) -> None:
     import signal
     import time
 
-    from ragledger.processes import pid_alive
+    from core.processes import pid_alive
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     with (cwd / "killed.log").open("w") as out:
@@ -179,7 +179,7 @@ def killed_with_its_server(cwd: Path, calls_answered: int) -> None:
     try:
         deadline, servers, answered = time.monotonic() + 300, [], 0
         while answered < calls_answered + 1 and time.monotonic() < deadline and run.poll() is None:
-            servers = [p for p in _children(run.pid) if "ragledger.llama_server" in _cmdline(p)]
+            servers = [p for p in _children(run.pid) if "engines.llama_server" in _cmdline(p)]
             logs = list((cwd / ".ragledger" / "logs").glob("embedded-server-*.log"))
             answered = logs[0].read_text(errors="replace").count("POST /v1/chat/completions") if logs else 0
             time.sleep(0.2)
@@ -187,9 +187,9 @@ def killed_with_its_server(cwd: Path, calls_answered: int) -> None:
         os.kill(run.pid, signal.SIGKILL)
         run.wait()
         deadline = time.monotonic() + 30
-        while any(pid_alive(p) and "ragledger.llama_server" in _cmdline(p) for p in servers) and time.monotonic() < deadline:
+        while any(pid_alive(p) and "engines.llama_server" in _cmdline(p) for p in servers) and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert not any(pid_alive(p) and "ragledger.llama_server" in _cmdline(p) for p in servers)
+        assert not any(pid_alive(p) and "engines.llama_server" in _cmdline(p) for p in servers)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(run.pid, signal.SIGKILL)
@@ -209,7 +209,7 @@ def test_a_server_that_dies_under_the_run_is_named_with_its_cause(tmp_path):
     try:
         deadline, server = time.monotonic() + 300, None
         while server is None and time.monotonic() < deadline and run.poll() is None:
-            servers = [p for p in _children(run.pid) if "ragledger.llama_server" in _cmdline(p)]
+            servers = [p for p in _children(run.pid) if "engines.llama_server" in _cmdline(p)]
             logs = list((tmp_path / ".ragledger" / "logs").glob("embedded-server-*.log"))
             # the start-up completion has been answered: the server is up and the run relies on it
             if servers and logs and "POST /v1/chat/completions" in logs[0].read_text(errors="replace"):

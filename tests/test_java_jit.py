@@ -1,4 +1,4 @@
-"""ragledger/java.py: a JVM that will search only a few thousand queries starts with the C1 compiler only; any other
+"""engines/java.py: a JVM that will search only a few thousand queries starts with the C1 compiler only; any other
 keeps the JVM's default tiered compilation. Each case starts its own JVM in a fresh process and reads the JVM's own
 input arguments back."""
 
@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 SCRIPT = """
 import sys
-from ragledger import java
+from engines import java
 java.expect_queries(None if sys.argv[1] == "none" else int(sys.argv[1]))
 java.ensure_jvm()
 from jnius import autoclass

@@ -1,4 +1,4 @@
-"""ragledger/java.py: the JVM's start-up cache. Made once per machine, runtime, jar and options right after a BM25 index
+"""engines/java.py: the JVM's start-up cache. Made once per machine, runtime, jar and options right after a BM25 index
 is built or opened without one; a JVM started with it finds the same hits; a damaged cache is ignored without a word;
 a training that fails is marked and not retried by every run. Each JVM is started in a fresh process, with its own
 cache home, so the machine's cache is neither used nor touched."""
@@ -11,8 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ragledger import java
-from tasks.retrievers.lucene import lucene_index
+from engines import java
+from strategies.retrievers.lucene import lucene_index
 from tests.corpora import jsonl_corpus
 
 REPO = Path(__file__).resolve().parents[1]
@@ -22,10 +22,10 @@ PASSAGES = [{"pid": f"p{i}", "title": f"Topic {i}", "text": f"passage {i} about 
 SEARCH = """
 import json, sys
 from pathlib import Path
-from ragledger import java
-from tasks.retrievers.base import Query
-from tasks.retrievers.bm25 import bm25_batch_search
-from tasks.retrievers.lucene import PassageStore
+from engines import java
+from strategies.retrievers.base import Query
+from strategies.retrievers.bm25 import bm25_batch_search
+from strategies.retrievers.lucene import PassageStore
 
 java.ensure_jvm()
 from jnius import autoclass

@@ -1,5 +1,5 @@
 """The private internals of Prefect and MLflow that ragledger uses, each used from one adapter module
-(ragledger/prefect_internals.py, tracking/mlflow_internals.py): these fail, naming the internal, when a release of the
+(flows/prefect_internals.py, tracking/mlflow/internals.py): these fail, naming the internal, when a release of the
 library moves or changes one, before a run meets it. tests/test_operations.py and tests/test_mlflow_traces.py
 exercise them end to end."""
 
@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-ADAPTERS = {"prefect": "ragledger/prefect_internals.py", "mlflow": "tracking/mlflow_internals.py"}
+ADAPTERS = {"prefect": "flows/prefect_internals.py", "mlflow": "tracking/mlflow/internals.py"}
 
 
 def test_prefect_cron_validator_accepts_and_refuses():
-    from ragledger.prefect_internals import validate_cron_string
+    from flows.prefect_internals import validate_cron_string
 
     validate_cron_string("*/5 * * * *")
     with pytest.raises(ValueError, match="Invalid cron string"):
@@ -39,7 +39,7 @@ def test_prefect_events_worker_is_keyed_as_the_routing_expects():
 def test_prefect_events_routing_installs_once_and_keeps_other_clients():
     from prefect.events import worker as events
 
-    from ragledger.prefect_internals import route_events_by_api_url
+    from flows.prefect_internals import route_events_by_api_url
 
     route_events_by_api_url()
     patched = events.EventsWorker.instance
@@ -52,7 +52,7 @@ def test_mlflow_span_trace_and_dataset_internals(tmp_path):
     from mlflow.entities import LiveSpan
     from mlflow.tracing.client import TracingClient
 
-    from tracking.mlflow_internals import dataset_entity, otel_span
+    from tracking.mlflow.internals import dataset_entity, otel_span
 
     assert callable(getattr(TracingClient, "_upload_trace_data", None)), "TracingClient._upload_trace_data is gone"
     assert list(inspect.signature(TracingClient._upload_trace_data).parameters)[1:3] == ["trace_info", "trace_data"]

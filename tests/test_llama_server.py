@@ -1,8 +1,8 @@
-"""The aligned prefix rule of ragledger/llama_server.py on hand-computed cases (batch of 4 tokens)."""
+"""The aligned prefix rule of engines/llama_server.py on hand-computed cases (batch of 4 tokens)."""
 
 from __future__ import annotations
 
-from ragledger.llama_server import aligned_prefix
+from engines.llama_server import aligned_prefix
 
 
 def test_a_shared_prefix_is_rounded_down_to_a_batch_boundary():

@@ -1,4 +1,4 @@
-"""Claims on calls in flight (tracking/llm_cache.py): a process making a call holds it, so another process asking the
+"""Claims on calls in flight (engines/llm_cache.py): a process making a call holds it, so another process asking the
 same call waits for the answer instead of calling again; a dead or stale holder's claim is taken over."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import socket
 import subprocess
 import sys
 
-import tracking.llm_cache as llm_cache
-from tracking.llm_cache import LLMCallCache
+import engines.llm_cache as llm_cache
+from engines.llm_cache import LLMCallCache
 
 
 def as_owner(monkeypatch, pid: int) -> None:

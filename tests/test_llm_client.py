@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from ragledger.llm import BackendError, LLMClient, LLMRequest, run_on_engine
-from ragledger.llm_http import Endpoint
+from engines import call_processes
+from engines.llm import BackendError, LLMClient, LLMRequest, run_on_engine
+from engines.llm_cache import LLMCallCache
+from engines.llm_types import Endpoint
 from tests.fakes.openai_server import Faults, ScriptedServer
-from tracking.llm_cache import LLMCallCache
 
 
 def req(prompt="Q: capital of France?", **kw):
@@ -57,7 +58,7 @@ def test_cache_key_covers_everything_that_changes_the_answer():
         # the key every existing call cache holds (a different one would orphan them all)
         from dataclasses import asdict
 
-        from tracking.events import stable_hash
+        from tracking.store.events import stable_hash
 
         assert base == stable_hash("llm-call", "fake", "scripted", asdict(req()), length=40)
         for change in (dict(prompt="other"), dict(system="other"), dict(temperature=0.7), dict(top_p=0.9),
@@ -72,9 +73,9 @@ def test_a_call_is_keyed_by_the_model_not_the_url_and_a_cache_keyed_by_url_still
     the server's URL (llm_types.endpoint_identity) answers too, and keeps the call under its new key."""
     from dataclasses import asdict
 
-    from ragledger.llm_types import endpoint_identity, model_identity
+    from engines.llm_types import endpoint_identity, model_identity
     from schemas.spec import ModelSpec
-    from tracking.events import stable_hash
+    from tracking.store.events import stable_hash
 
     with ScriptedServer(answer=lambda s, p, b: "Paris") as first, ScriptedServer(answer=lambda s, p, b: "Lyon") as moved:
         def on(server, cache):
@@ -223,7 +224,6 @@ def test_an_endpoint_found_down_fails_the_queued_calls_at_once(monkeypatch):
     import asyncio
     import socket
 
-    from ragledger import llm
 
     with socket.socket() as s:  # a port that nothing listens on
         s.bind(("127.0.0.1", 0))
@@ -241,14 +241,14 @@ def test_an_endpoint_found_down_fails_the_queued_calls_at_once(monkeypatch):
     assert len(gave_up) == 1 and len(fast) == 5, errors
     assert "ConnectionRefusedError" in gave_up[0] and "ConnectionRefusedError" in fast[0]
     # the mark expires: a later run tries the endpoint again (its own retries)
-    monkeypatch.setattr(llm, "UNREACHABLE_FOR_S", 0.0)
+    monkeypatch.setattr(call_processes, "UNREACHABLE_FOR_S", 0.0)
     with pytest.raises(BackendError, match="gave up after 4 attempts"):
         run_on_engine(dead.complete(req(prompt="later")))
 
 
 def test_a_local_server_that_refuses_is_given_up_at_once():
     """The embedded backend's server (`local_server`) refuses connections only once it has exited: the call gives up
-    on its first refusal, not after ~30 s of backoff, so the run can name how the server died (ragledger/embedded.py).
+    on its first refusal, not after ~30 s of backoff, so the run can name how the server died (engines/embedded.py).
     A remote endpoint keeps its retries (it may be restarting)."""
     import socket
 
@@ -277,20 +277,18 @@ def test_a_server_answering_errors_is_not_marked_unreachable():
         assert failing.faults_injected["http_500"] == 6
 
 
-# ---- the model-call process (ragledger.llm_http) --------------------------------------------------------------
+# ---- the model-call process (engines.model_call_process) --------------------------------------------------------------
 
 def _call_process_pids() -> list[int]:
-    from ragledger import llm
 
-    return [p._proc.pid for pool in llm._PROCESSES.values() for p in pool.processes
+    return [p._proc.pid for pool in call_processes._PROCESSES.values() for p in pool.processes
             if p._proc is not None and p._proc.returncode is None]
 
 
 def _call_process_pid() -> int:
     """The first model-call process: the one every endpoint with a small concurrency bound uses."""
-    from ragledger import llm
 
-    (pool,) = [llm._PROCESSES[id(llm._engine_loop)]]
+    (pool,) = [call_processes._PROCESSES[id(call_processes._engine_loop)]]
     proc = pool.processes[0]._proc
     assert proc is not None and proc.returncode is None
     return proc.pid
@@ -301,10 +299,9 @@ def test_an_endpoint_allowing_many_requests_in_flight_spreads_them_over_processe
     the endpoint's bound, and both used."""
     import asyncio
 
-    from ragledger import llm
 
-    monkeypatch.setattr(llm, "MAX_CALL_PROCESSES", 2)  # as on a 2-core machine, whatever this one has
-    assert [llm.call_processes_for(c) for c in (1, 4, 31, 32, 63, 64, 65, 256)] == [1, 1, 1, 1, 1, 2, 2, 2]
+    monkeypatch.setattr(call_processes, "MAX_CALL_PROCESSES", 2)  # as on a 2-core machine, whatever this one has
+    assert [call_processes.call_processes_for(c) for c in (1, 4, 31, 32, 63, 64, 65, 256)] == [1, 1, 1, 1, 1, 2, 2, 2]
     with ScriptedServer(answer=lambda s, p, b: p.upper(), delay_s=0.1) as server:
         c = client(server, concurrency=65)
 
@@ -326,17 +323,16 @@ def test_calls_wait_here_beyond_a_small_backlog_per_process_so_the_processes_fin
     more than its share plus BACKLOG_PER_CALL_PROCESS, so none is left alone with the end of a shard."""
     import asyncio
 
-    from ragledger import llm
 
-    monkeypatch.setattr(llm, "MAX_CALL_PROCESSES", 2)
-    monkeypatch.setattr(llm, "BACKLOG_PER_CALL_PROCESS", 3)
+    monkeypatch.setattr(call_processes, "MAX_CALL_PROCESSES", 2)
+    monkeypatch.setattr(call_processes, "BACKLOG_PER_CALL_PROCESS", 3)
     with ScriptedServer(answer=lambda s, p, b: p.upper(), delay_s=0.02) as server:
         c = client(server, concurrency=64)
         most: list[int] = []
 
         async def burst():
             calls = asyncio.gather(*(c.complete(req(prompt=f"b{i}")) for i in range(600)))
-            processes = llm._call_processes(asyncio.get_running_loop()).processes
+            processes = call_processes.call_processes_of(asyncio.get_running_loop()).processes
             while not calls.done():
                 most.append(max((p.outstanding for p in processes), default=0))
                 await asyncio.sleep(0.005)
@@ -354,9 +350,8 @@ def test_processes_held_back_take_no_call_until_released(monkeypatch):
     the others take calls again."""
     import asyncio
 
-    from ragledger import llm
 
-    monkeypatch.setattr(llm, "MAX_CALL_PROCESSES", 2)
+    monkeypatch.setattr(call_processes, "MAX_CALL_PROCESSES", 2)
     with ScriptedServer(answer=lambda s, p, b: p.upper(), delay_s=0.05) as server:
         c = client(server, concurrency=65)
 
@@ -410,8 +405,8 @@ def test_the_model_call_process_ends_with_the_process_that_started_it(tmp_path):
 
     with ScriptedServer() as server:
         script = (
-            "from ragledger.llm import LLMClient, LLMRequest, run_on_engine\n"
-            "from ragledger.llm_http import Endpoint\n"
+            "from engines.llm import LLMClient, LLMRequest, run_on_engine\n"
+            "from engines.llm_types import Endpoint\n"
             "from tests.test_llm_client import _call_process_pid\n"
             f"c = LLMClient(Endpoint({server.base_url!r}, 'm'), model_identity='x', cache=None)\n"
             "run_on_engine(c.complete(LLMRequest('s', 'Q: who?', 0.0, 1.0, 8, 0)))\n"

@@ -6,7 +6,7 @@ import os
 
 
 def test_logger_does_not_change_the_process_default_tracking_uri(tmp_path, monkeypatch):
-    from tracking.mlflow_log import MlflowLogger, resolve_tracking_uri
+    from tracking.mlflow.log import MlflowLogger, resolve_tracking_uri
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.chdir(tmp_path)
@@ -30,7 +30,7 @@ def test_four_processes_opening_a_new_sqlite_store_at_once_all_succeed(tmp_path)
 
     repo = Path(__file__).resolve().parents[1]
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    code = "import sys; from tracking.mlflow_log import MlflowLogger; MlflowLogger(sys.argv[1], sys.argv[2])"
+    code = "import sys; from tracking.mlflow.log import MlflowLogger; MlflowLogger(sys.argv[1], sys.argv[2])"
     procs = [subprocess.Popen([sys.executable, "-c", code, uri, f"exp{i}"], cwd=repo, stderr=subprocess.PIPE, text=True)
              for i in range(4)]
     errors = [p.communicate(timeout=300)[1] for p in procs]
@@ -45,7 +45,7 @@ def test_four_processes_opening_a_new_sqlite_store_at_once_all_succeed(tmp_path)
 def test_git_provenance_names_the_commit_and_never_a_remote_credential(tmp_path):
     import subprocess
 
-    from tracking.mlflow_log import git_provenance
+    from tracking.mlflow.views import git_provenance
 
     assert git_provenance(tmp_path) == {}  # not a checkout: no source tags
     repo = tmp_path / "repo"
@@ -69,7 +69,7 @@ def test_git_provenance_names_the_commit_and_never_a_remote_credential(tmp_path)
 def test_outcomes_table_rows_and_questions_digest():
     import pandas as pd
 
-    from tracking.mlflow_log import outcomes_table, questions_digest
+    from tracking.mlflow.views import outcomes_table, questions_digest
 
     q = pd.DataFrame({"qid": ["q2", "q1"], "question": ["Two?", "One?"], "answers": [["b", "B"], ["a"]]})
     o = pd.DataFrame({"qid": ["q1", "q2"], "prediction": ["a", "x"], "em": [1.0, 0.0], "f1": [1.0, 0.0],

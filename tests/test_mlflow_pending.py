@@ -1,4 +1,4 @@
-"""MLflow down: the event store is the source of truth and MLflow a projection of it (tracking/mlflow_sync.py).
+"""MLflow down: the event store is the source of truth and MLflow a projection of it (tracking/mlflow/sync.py).
 
 A run whose MLflow tracking server (PostgreSQL-backed, infra/mlflow_server.sh) is stopped before the run, or stops
 while the run logs, stores all its events, ends with one `error:` line naming the MLflow URI and saying the logging

@@ -1,4 +1,4 @@
-"""MLflow as the system of record (tracking/mlflow_pull.py, ragledger/cli_share.py): an experiment run on store A is
+"""MLflow as the system of record (tracking/mlflow/pull.py, ragledger/cli_share.py): an experiment run on store A is
 rebuilt from its MLflow runs into an empty store B (every record checked on the way in), a rerun on B makes no model
 call, a second pull downloads nothing, an interrupted pull resumes, a damaged or missing artifact is one error
 naming it with nothing half-written kept, and records of two schema versions are never mixed. The parent run
@@ -20,9 +20,9 @@ from typer.testing import CliRunner
 
 from tests.fakes.openai_server import ScriptedServer
 from tests.test_reliability import cli, make_data, reader, write_spec
-from tracking.events import EventStore
-from tracking.executions import latest_execution, load_outcomes
-from tracking.mlflow_pull import PullError, ensure_local, pull
+from tracking.analysis.executions import latest_execution, load_outcomes
+from tracking.mlflow.pull import PullError, ensure_local, pull
+from tracking.store.events import EventStore
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENT = "share"
@@ -143,7 +143,7 @@ def test_parent_run_carries_provenance_and_cells_carry_outcome_tables_and_datase
 
 
 def test_an_interrupted_pull_resumes_and_downloads_only_what_is_missing(shared, tmp_path, monkeypatch):
-    import tracking.mlflow_pull as mp
+    import tracking.mlflow.pull as mp
 
     checked = mp.segment_problem
     count = {"n": 0}
@@ -210,7 +210,7 @@ def test_a_damaged_or_missing_artifact_is_one_error_line_and_nothing_is_kept(sha
 
 
 def test_records_of_another_schema_version_are_not_mixed_in(shared, tmp_path):
-    from tracking.events import new_events
+    from tracking.store.events import new_events
 
     b = tmp_path / "B"
     store = EventStore(b)
@@ -307,8 +307,8 @@ def test_a_view_that_cannot_be_made_is_left_out_and_the_execution_still_logged(s
     view: the parent and cell runs are still logged and FINISHED, without those views; nothing stays pending."""
     from mlflow import MlflowClient
 
-    import tracking.mlflow_log as ml
-    from tracking.mlflow_sync import log_execution
+    import tracking.mlflow.log as ml
+    from tracking.mlflow.runs import log_execution
 
     record = json.loads(Path(shared["summary"]["manifest"]).read_text())
     uri = f"sqlite:///{tmp_path / 'm.db'}"
@@ -335,7 +335,7 @@ def test_a_run_logged_before_the_manifest_artifact_is_pulled_from_its_cell_runs(
     is rebuilt from the cell runs' record artifacts, spec.yaml and analysis/summary.json."""
     from mlflow import MlflowClient
 
-    from tracking.mlflow_sync import EXECUTION_TAG
+    from tracking.mlflow.log import EXECUTION_TAG
 
     client = MlflowClient(tracking_uri=shared["uri"])
     parent = client.get_run(shared["summary"]["mlflow_parent_run_id"])

@@ -1,4 +1,4 @@
-"""Per-example lineage as MLflow traces (tracking/mlflow_traces.py): a scripted experiment's run logs one trace per
+"""Per-example lineage as MLflow traces (tracking/mlflow/traces.py): a scripted experiment's run logs one trace per
 sampled question (RAGLEDGER_MLFLOW_TRACES, the hardest first) to its own tracking URI and experiment, with spans
 for the retrieval, each generation, the vote and the outcome of every cell, all carrying the question id; the
 traces are linked to the cell runs; nothing goes to MLflow's process-wide default store (an mlflow.db in the cwd).
@@ -14,7 +14,7 @@ import pytest
 
 from tests.fakes.openai_server import ScriptedServer
 from tests.test_reliability import cli, make_data, reader, write_spec
-from tracking.mlflow_traces import QID_ATTRIBUTE, TRACES_ENV, hardest_qids, sample_size
+from tracking.mlflow.traces import QID_ATTRIBUTE, TRACES_ENV, hardest_qids, sample_size
 
 EXPERIMENT = "traced"
 N_TRACES = 3
@@ -81,7 +81,7 @@ def test_a_run_logs_the_hardest_questions_lineage_as_traces(traced):
 
 
 def test_logging_the_execution_again_adds_no_trace(traced, monkeypatch):
-    from tracking.mlflow_sync import log_execution
+    from tracking.mlflow.runs import log_execution
 
     summary = traced["summary"]
     monkeypatch.setenv(TRACES_ENV, str(N_TRACES + 1))

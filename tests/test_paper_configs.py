@@ -49,8 +49,8 @@ def test_overrides_reject_a_non_positive_limit_by_name():
 
 
 def test_seed_004_configs_hold_table1_settings_and_table3_rows():
-    from tasks.retrievers import parse_retriever
-    from tasks.retrievers.closed_book import ClosedBook
+    from strategies.retrievers import parse_retriever
+    from strategies.retrievers.closed_book import ClosedBook
 
     t1 = load_spec(PAPERS / "004_table1.yaml")
     retrievers = {name: parse_retriever(name) for name in t1.retrievers}
@@ -97,8 +97,8 @@ def test_a_paper_config_names_its_papers_corpus_and_says_what_to_give_when_it_is
     """NQ, TriviaQA and WebQuestions configs retrieve from DPR's Wikipedia, as the papers do; SQuAD ones from the SQuAD
     paragraphs. Where the corpus is absent (here) a run stops before writing anything with one error that says what to
     give and how; the header's embedded command names the SQuAD substitution."""
+    from core.datasets import DatasetError
     from ragledger.cli_common import preflight
-    from ragledger.datasets import DatasetError
 
     spec = load_spec(path)
     names = {e.dataset.name for e in spec.expand()}

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
+from core.cell import Cell
+from core.datasets import load_questions
 from flows.plan import plan, question_rows, questions_segment_for
-from ragledger.cell import Cell
-from ragledger.datasets import load_questions
 from schemas.spec import ExperimentSpec
 from tasks.stages import FilterStage, GenerateStage, RetrieveStage
 from tests import test_plan_pinning as pinning
@@ -73,7 +73,7 @@ def test_dependencies_come_first_and_keys_are_unique(pinned):
 
 
 def test_the_questions_segment_is_where_the_store_writes_it(tmp_path, pinned):
-    from tracking.events import EventStore, new_events
+    from tracking.store.events import EventStore, new_events
 
     spec, questions = pinned
     written = EventStore(tmp_path).write("questions", new_events("questions", spec.name, question_rows(spec, questions)))

@@ -61,7 +61,7 @@ def test_ragledger_run_answers_a_cached_rerun_from_the_store_and_falls_back_to_t
     new MLflow run); the flow runs instead when MLflow would log elsewhere, when logging is pending, or when
     RAGLEDGER_CACHED_ANSWER=0."""
     from tests.test_reliability import cli, make_data, reader, write_spec
-    from tracking.executions import manifests
+    from tracking.analysis.executions import manifests
 
     make_data(tmp_path, 6)
     with ScriptedServer(answer=reader) as model:
@@ -90,15 +90,15 @@ def test_ragledger_run_answers_a_cached_rerun_from_the_store_and_falls_back_to_t
 
 
 def test_the_corpus_is_kept_on_the_machine_for_its_files_as_they_are(tmp_path, monkeypatch):
-    """tasks/retrievers/corpus.py keeps the corpus's hash and size in the cache home, named by the corpus files'
+    """strategies/retrievers/corpus.py keeps the corpus's hash and size in the cache home, named by the corpus files'
     identity: the next load and the plan's hash read no corpus file, and a changed file (or one replaced by a copy
     of the same size and modification time) is read and hashed afresh. The hash is the content hash of every id,
-    title and text, streamed: equal to ragledger.hashing.stable_hash over the three lists."""
+    title and text, streamed: equal to core.hashing.stable_hash over the three lists."""
     import os
 
-    import tasks.retrievers.corpus as corpus_module
+    import strategies.retrievers.corpus as corpus_module
+    from core.hashing import stable_hash
     from flows.plan import corpus_hash_for
-    from ragledger.hashing import stable_hash
     from schemas.spec import parse_spec
 
     monkeypatch.setenv("RAGLEDGER_HOME", str(tmp_path / "home"))

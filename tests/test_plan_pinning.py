@@ -89,7 +89,7 @@ def described(params: dict) -> dict:
 def outcome_digest(store_root: str) -> tuple[list[tuple], str, str]:
     """(cell, qid, prediction, em) of every outcome, a hash of the whole rows (sorted; created_at left out: it is the
     write time), and the same hash with the `reader` column under its earlier name `strategy`."""
-    from tracking.events import EventStore
+    from tracking.store.events import EventStore
 
     df = EventStore(store_root).read("outcomes", "pinning").drop(columns=["created_at"])
     df = df.sort_values(["cell", "qid"]).reset_index(drop=True)

@@ -1,6 +1,6 @@
 """Plain progress lines for long runs whose output goes to a file (no terminal for progress bars)."""
 
-from ragledger.progress import PlainProgress
+from core.progress import PlainProgress
 
 
 def test_plain_progress_reports_at_most_every_interval_and_at_completion():

@@ -13,9 +13,9 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-import tracking.query as tq
+import tracking.analysis.query as tq
 from tests.test_events import outcome_rows
-from tracking.events import EventStore, new_events
+from tracking.store.events import EventStore, new_events
 
 
 def write(store: EventStore, rows: list[dict], experiment: str = "exp", shift_s: float = 0.0) -> Path:

@@ -18,7 +18,15 @@ from typer.testing import CliRunner
 
 from ragledger.cli import app
 from schemas.records import columns_of, validate_records
-from tracking.events import CHECKSUM_KEY, KIND_KEY, EventStore, _parquet_roundtrip_checksum, event_id, new_events, stable_hash
+from tracking.store.events import (
+    CHECKSUM_KEY,
+    KIND_KEY,
+    EventStore,
+    _parquet_roundtrip_checksum,
+    event_id,
+    new_events,
+    stable_hash,
+)
 
 EXP = "mixed"
 READER = "concatenation"
@@ -100,8 +108,8 @@ def test_every_read_of_a_mixed_store_sees_one_reader_column(mixed_store):
         validate_records(kind, df)
     assert store.verify() == (10, [])  # every segment sound, of either name
 
-    from tracking.mlflow_pull import segment_problem
-    from tracking.query import connect, query, records_for
+    from tracking.analysis.query import connect, query, records_for
+    from tracking.mlflow.pull import segment_problem
 
     for kind, path in old_paths.items():  # a segment pulled from another machine's MLflow run is checked the same way
         assert segment_problem(path, kind, EXP) is None, kind
@@ -128,7 +136,7 @@ def test_query_views_of_old_only_and_new_only_stores(tmp_path):
     old_root, new_root = tmp_path / "old", tmp_path / "new"
     write_strategy_named(EventStore(old_root), "votes", records("a")["votes"])
     EventStore(new_root).write("votes", new_events("votes", EXP, records("b")["votes"]))
-    from tracking.query import query
+    from tracking.analysis.query import query
 
     for root in (old_root, new_root, tmp_path / "empty"):
         got = query(root, "SELECT * FROM votes")

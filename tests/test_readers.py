@@ -1,5 +1,5 @@
-from tasks.readers import READERS, get_reader
-from tasks.readers.base import Generation, Passage, ReaderInput, ReaderSettings, fill, majority_vote, parse_output
+from strategies.readers import READERS, get_reader
+from strategies.readers.base import Generation, Passage, ReaderInput, ReaderSettings, fill, majority_vote, parse_output
 
 
 def test_majority_vote_counts_normalized_forms():

@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 
 from schemas.spec import SpecError, parse_spec
-from tasks.readers import get_reader, settings_for
-from tasks.readers.base import Generation, Passage, ReaderInput, ReaderSettings, parse_output
-from tasks.readers.sure import MAX_CHOICES, candidates_from, parse_candidates
+from strategies.readers import get_reader, settings_for
+from strategies.readers.base import Generation, Passage, ReaderInput, ReaderSettings, parse_output
+from strategies.readers.sure import MAX_CHOICES, candidates_from, parse_candidates
 
 ITEM = ReaderInput("q1", "Who won Super Bowl 50?", (
     Passage("p1", "Broncos: The Denver Broncos won.", "Broncos"),
@@ -595,7 +595,7 @@ def test_settings_added_later_leave_the_settings_of_older_entries_unchanged():
 def test_refeed_answer_probability_is_the_arithmetic_mean_over_the_answer_tokens():
     """Seed 003 MODULE-2: P = (1/t) sum p(y_i). Tokens p = [0.99, 0.30] (mean 0.645, geometric 0.545) against
     [0.6, 0.6] (0.6): the arithmetic mean keeps the first; a trailing "." at p = 0.01 is not an answer token."""
-    from tasks.readers.base import answer_token_prob
+    from strategies.readers.base import answer_token_prob
 
     first = [("Carolina", math.log(0.99)), (" Panthers", math.log(0.30)), (".", math.log(0.01))]
     assert answer_token_prob("Carolina Panthers.", first, "Carolina Panthers") == pytest.approx(0.645)
@@ -645,7 +645,7 @@ def test_refeed_module1_samples_merges_feedback_by_score_and_ensembles():
     assert ablation.chosen == "Denver Broncos"
 
     # without scores (an LLM-written retriever) the lists are interleaved by rank
-    from tasks.readers.refeed import merge_by_score
+    from strategies.readers.refeed import merge_by_score
 
     a = [Passage("a1", "x"), Passage("a2", "x")]
     b = [Passage("b1", "x"), Passage("a1", "x")]
@@ -696,7 +696,7 @@ def test_reader_entries_accept_names_and_settings():
 
 def test_nm_is_a_rate_over_all_questions_and_a_single_answer_is_a_one_answer_pool():
     from tasks.evaluate import outcome_rows
-    from tracking.metrics import cell_metrics
+    from tracking.analysis.metrics import cell_metrics
 
     questions = pd.DataFrame({"qid": ["a", "b", "c", "d"], "answers": [["Paris"]] * 4})
     retrievals = pd.DataFrame({"qid": ["a"], "rank": [1], "pid": ["p"], "text": ["Paris is in France."], "title": ["x"]})
@@ -720,7 +720,7 @@ def test_concat_pf_nm_counts_fallback_misses_over_all_questions():
     %NM = 1/10 = 10.0 (the paper's rate over all questions; the old rate over pooled questions said 100.0), and
     %NM|pool = 1/(1 + 5 single correct answers) = 16.67."""
     from tasks.evaluate import outcome_rows
-    from tracking.metrics import cell_metrics
+    from tracking.analysis.metrics import cell_metrics
 
     qids = [f"q{i}" for i in range(10)]
     single = {"q2": "Paris", "q3": "Paris", "q4": "Paris", "q5": "Paris", "q6": "Paris", "q7": "Rome", "q8": "Rome",
@@ -744,7 +744,7 @@ def test_refeed_answer_found_in_feedback_documents_is_correct_not_a_lucky_guess(
     """The cell's retrieval lacks the answer; REFEED's refine call read feedback documents that hold it. The context
     of the decomposition is the final round's: correct (not lucky_guess); Recall@k still counts the cell's retrieval."""
     from tasks.evaluate import outcome_rows
-    from tracking.metrics import cell_metrics
+    from tracking.analysis.metrics import cell_metrics
 
     questions = pd.DataFrame({"qid": ["a", "b"], "question": ["capital of France?", "capital of Italy?"],
                               "answers": [["Paris"], ["Rome"]]})
@@ -778,8 +778,8 @@ def test_pf_concat_answer_in_a_passage_dropped_before_the_distil_call_is_a_retri
     call said unknown, so the distil call read p2 alone: the wrong answer "Lyon" (in p2) is a retrieval failure of the
     final context, though the retrieval had the answer (Recall@k counts it). Question b: every PF call said unknown,
     no distil call: the final round read both passages, which hold the answer: an abstention, gold in context."""
+    from strategies.readers import get_reader
     from tasks.evaluate import outcome_rows
-    from tasks.readers import get_reader
 
     questions = pd.DataFrame({"qid": ["a", "b"], "answers": [["Paris"], ["Rome"]]})
     retrievals = pd.DataFrame({"qid": ["a", "a", "b", "b"], "rank": [1, 2, 1, 2], "pid": ["p1", "p2", "p3", "p4"],
@@ -811,8 +811,8 @@ def test_sure_generic_reads_the_summary_alone_in_its_final_call():
     """sure_generic answers from its generic summary. a: the summary dropped "Paris" (in the passages) and the model
     answered "Lyon", which the summary holds: a retrieval failure of the final context. b: the summary holds "Rome"
     and the answer is right: correct. c: the summary call failed, no answer call: the final round read the passages."""
+    from strategies.readers import get_reader
     from tasks.evaluate import outcome_rows
-    from tasks.readers import get_reader
 
     questions = pd.DataFrame({"qid": ["a", "b", "c"], "answers": [["Paris"], ["Rome"], ["Oslo"]]})
     retrievals = pd.DataFrame({"qid": ["a", "b", "c"], "rank": [1, 1, 1], "pid": ["p1", "p2", "p3"],
@@ -836,11 +836,11 @@ def test_sure_generic_reads_the_summary_alone_in_its_final_call():
 def test_only_the_narrowing_readers_evaluation_keys_change():
     """The evaluate stage key takes the final-context version for pf_concat and sure_generic only: every other reader's
     key is computed as before (so its stored outcomes and the pins of tests/test_plan_pinning.py hold)."""
-    from ragledger.cell import Cell
-    from tasks.readers import READERS
-    from tasks.readers.base import FINAL_CONTEXT_VERSION
+    from core.cell import Cell
+    from strategies.readers import READERS
+    from strategies.readers.base import FINAL_CONTEXT_VERSION
     from tasks.stages import EVALUATE_VERSION, EvaluateStage
-    from tracking.events import stable_hash
+    from tracking.store.events import stable_hash
 
     assert {name for name, cls in READERS.items() if cls.narrows_context} == {"pf_concat", "sure_generic"}
     cell = Cell("bm25@5", "concatenation", "m")
@@ -849,8 +849,8 @@ def test_only_the_narrowing_readers_evaluation_keys_change():
 
 
 def test_parse_failure_share_counts_the_cells_model_calls_not_ok():
-    from tracking.metrics import cell_metrics
-    from tracking.readers_table import display_rows, readers_table
+    from tracking.analysis.metrics import cell_metrics
+    from tracking.analysis.readers_table import display_rows, readers_table
 
     outcomes = pd.DataFrame({"qid": ["a", "b"], "em": [1.0, 0.0], "f1": [1.0, 0.0], "semantic_match": [None, None],
                              "is_unknown": [False, False], "gold_in_context": [True, True], "pool_has_correct": [True, False],

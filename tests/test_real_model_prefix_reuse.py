@@ -1,5 +1,5 @@
 """On the real embedded model, a prompt's answer does not depend on which prompt the server evaluated before it
-(ragledger/llama_server.py: prefix reuse aligned to whole batches).
+(engines/llama_server.py: prefix reuse aligned to whole batches).
 
 One prompt B is sent to a fresh server, then again after prompts that share its passages but not its question
 (so llama.cpp takes a long prefix of B from its KV cache). Each answer's tokens and log-probabilities must equal
@@ -41,7 +41,7 @@ def _answers(b: str, between: list[str]) -> list[list[tuple]]:
     """B's tokens with their log-probabilities: first on a fresh server, then after each prompt of `between`."""
     from openai import OpenAI
 
-    from ragledger.embedded import embedded_server
+    from engines.embedded import embedded_server
 
     out = []
     with embedded_server(MODEL, log=lambda *a, **k: None, logits_all=True) as base_url:

@@ -24,7 +24,7 @@ MODEL = "qwen2.5-0.5b-instruct-q4km"
 
 def _items(data_dir, questions: int) -> list[tuple[object, str, str]]:
     """(ReaderInput, gold answer, distractor): the gold paragraph and the article's next one as the passages."""
-    from tasks.readers.base import Passage, ReaderInput
+    from strategies.readers.base import Passage, ReaderInput
 
     with gzip.open(data_dir / "squad" / "dev-v1.1.json.gz", "rt") as f:
         article = json.load(f)["data"][1]
@@ -50,9 +50,9 @@ def _answer(client, call) -> str:
 def test_sure_later_rounds_parse_the_real_models_text(data_dir, embedded_servers, questions):
     from openai import OpenAI
 
-    from tasks.readers import READERS
-    from tasks.readers.base import Generation, ReaderSettings, parse_output
-    from tasks.readers.sure import parse_candidates
+    from strategies.readers import READERS
+    from strategies.readers.base import Generation, ReaderSettings, parse_output
+    from strategies.readers.sure import parse_candidates
 
     settings = ReaderSettings()
     seen: dict[str, list[str]] = {}

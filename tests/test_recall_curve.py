@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from tracking.recall_curve import first_hit_rank, plot_recall_curve, recall_at_k_curve
+from tracking.analysis.recall_curve import first_hit_rank, plot_recall_curve, recall_at_k_curve
 
 
 def test_recall_at_every_k_and_plot(tmp_path):

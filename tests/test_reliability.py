@@ -86,7 +86,7 @@ def prefect_env(own_prefect: bool = False) -> dict[str, str]:
 
 
 def outcome_table(ws: Path) -> list[tuple]:
-    from tracking.query import query
+    from tracking.analysis.query import query
 
     df = query(ws / ".ragledger" / "store", "SELECT cell, qid, prediction, em, f1, error_type FROM outcomes ORDER BY cell, qid")
     return [tuple(r) for r in df.itertuples(index=False)]
@@ -253,7 +253,7 @@ def test_four_experiments_at_once_on_one_store_and_mlflow(tmp_path):
         assert len(keys) - len(set(keys)) <= 4 * 2
     for kind, (rows, distinct) in raw_event_counts(tmp_path).items():
         assert rows == distinct, kind
-    from tracking.query import query
+    from tracking.analysis.query import query
 
     per_exp = query(tmp_path / ".ragledger" / "store", "SELECT experiment, count(*) AS n FROM outcomes GROUP BY experiment")
     assert sorted(per_exp["n"]) == [24, 24, 24, 24]
@@ -355,8 +355,8 @@ def test_a_client_side_failure_is_not_retried_and_not_called_malformed():
     """A URL with credentials, given to the client directly (the specs refuse it): the aiohttp transport refuses
     it beside the Authorization header before anything is sent. Not a malformed response, not retried (7 attempts
     with backoff, before), and the password is not in the error."""
-    from ragledger.llm import BackendError, LLMClient, LLMRequest, run_on_engine
-    from ragledger.llm_http import Endpoint
+    from engines.llm import BackendError, LLMClient, LLMRequest, run_on_engine
+    from engines.llm_types import Endpoint
 
     password = "pw-client-" + "".join(random.choices("abcdef0123456789", k=12))
     with ScriptedServer(answer=reader) as server:

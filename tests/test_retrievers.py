@@ -7,16 +7,16 @@ import json
 import numpy as np
 import pytest
 
-from tasks.retrievers import parse_retriever
-from tasks.retrievers.base import Hit, Query, Retriever
-from tasks.retrievers.bm25 import BM25
-from tasks.retrievers.compress import Compress
-from tasks.retrievers.corpus import Corpus
-from tasks.retrievers.dense import Dense
-from tasks.retrievers.hybrid import Hybrid, merge_dedup
-from tasks.retrievers.parametric import Parametric
-from tasks.retrievers.rerank import RERANK_CANDIDATES, Rerank
-from tasks.retrievers.truncate import Truncate, truncate_hits
+from strategies.retrievers import parse_retriever
+from strategies.retrievers.base import Hit, Query, Retriever
+from strategies.retrievers.bm25 import BM25
+from strategies.retrievers.compress import Compress
+from strategies.retrievers.corpus import Corpus
+from strategies.retrievers.dense import Dense
+from strategies.retrievers.hybrid import Hybrid, merge_dedup
+from strategies.retrievers.parametric import Parametric
+from strategies.retrievers.rerank import RERANK_CANDIDATES, Rerank
+from strategies.retrievers.truncate import Truncate, truncate_hits
 from tests.corpora import jsonl_corpus
 
 PASSAGES = [
@@ -159,7 +159,7 @@ def test_the_onnx_encoder_gives_sentence_transformers_vectors(data_dir, tmp_path
     import gzip
     import json
 
-    from ragledger import onnx_encoder
+    from engines import onnx_encoder
 
     monkeypatch.setenv("RAGLEDGER_HOME", str(tmp_path))  # exports the graph afresh
     onnx_encoder._session.cache_clear()
@@ -175,7 +175,7 @@ def test_the_onnx_encoder_gives_sentence_transformers_vectors(data_dir, tmp_path
 
 PYSERINI_SEARCH = """
 import json, sys
-from ragledger.java import ensure_jvm
+from engines.java import ensure_jvm
 ensure_jvm()
 from pyserini.search.lucene import LuceneSearcher
 index, k1, b, queries = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), json.loads(sys.argv[4])
@@ -187,14 +187,14 @@ print(json.dumps({i: [[h.docid, h.score] for h in hits[i]] for i, _ in queries})
 
 
 def test_bm25_hits_are_pyserinis_own(corpus, tmp_path):
-    """Our declared SimpleSearcher (tasks/retrievers/bm25.py) against pyserini's LuceneSearcher, in a process of its
+    """Our declared SimpleSearcher (strategies/retrievers/bm25.py) against pyserini's LuceneSearcher, in a process of its
     own (pyserini.search.lucene imports torch), on the same index, k1 and b: the same passages in the same order
     with the same scores."""
     import os
     import subprocess
     import sys
 
-    from tasks.retrievers.bm25 import BM25_B, BM25_K1
+    from strategies.retrievers.bm25 import BM25_B, BM25_K1
 
     bm25 = parse_retriever("bm25@4")
     bm25.prepare(corpus, tmp_path, log=lambda *_: None)
@@ -226,7 +226,7 @@ def test_hybrid_dedups_bm25_and_dense(corpus, tmp_path):
 
 
 def test_rerank_orders_by_cosine_to_the_question(corpus, tmp_path):
-    from ragledger.semantic import embed
+    from engines.semantic import embed
 
     rr = parse_retriever("bm25@rr@3")
     rr.prepare(corpus, tmp_path, log=lambda *_: None)
@@ -262,7 +262,7 @@ class _Fixed(Retriever):
 
 
 def test_insert_gold_positions():
-    from tasks.retrievers.gold import insert_gold
+    from strategies.retrievers.gold import insert_gold
 
     gold = Hit("g", None, "G", "G: gold")
     hits = _hits("a", "b", "c")
@@ -281,7 +281,7 @@ def test_insert_gold_positions():
 
 
 def test_gold_wrapper_parses_and_inserts_from_the_corpus(corpus, tmp_path):
-    from tasks.retrievers.gold import GoldInsert
+    from strategies.retrievers.gold import GoldInsert
 
     r = parse_retriever("gold(bm25@2,first)")
     assert isinstance(r, GoldInsert) and r.position == "first" and r.inner.k == 2 and r.needs_corpus
@@ -313,8 +313,8 @@ GOLD_CORPUS = [
 def test_gold_trigger_answer_string_or_gold_id(tmp_path):
     """Seed 001 §4.2 inserts the gold passage when the top-k does not contain the answer (`answer`, the default);
     `id` inserts whenever the gold paragraph id is missing, even when another paragraph holds the answer."""
-    from tasks.retrievers.base import reader_text
-    from tasks.retrievers.gold import GOLD_VERSION, GoldInsert, gold_missing
+    from strategies.retrievers.base import reader_text
+    from strategies.retrievers.gold import GOLD_VERSION, GoldInsert, gold_missing
 
     corpus = jsonl_corpus(tmp_path / "gold-corpus", GOLD_CORPUS)
     hits = {p["pid"]: Hit(p["pid"], 1.0, p["title"], reader_text(p["title"], p["text"])) for p in GOLD_CORPUS}
@@ -326,7 +326,7 @@ def test_gold_trigger_answer_string_or_gold_id(tmp_path):
     assert not gold_missing(answer_elsewhere, "sb_gold", "answer", q.answers)
     assert gold_missing(answer_elsewhere, "sb_gold", "id", q.answers)
     assert gold_missing(neither, "sb_gold", "answer", q.answers) and gold_missing(neither, "sb_gold", "id", q.answers)
-    # normalized as Recall@k does (ragledger/answers.py): case, punctuation and articles do not matter
+    # normalized as Recall@k does (core/answers.py): case, punctuation and articles do not matter
     assert not gold_missing(neither, "sb_gold", "answer", ("santa  CLARA!",))
     # the gold paragraph already there: left as retrieved under both triggers (no duplicate)
     assert not gold_missing([hits["sb_gold"]], "sb_gold", "answer", ("not in it",))
@@ -368,7 +368,7 @@ def test_gold_needs_a_dataset_with_gold_paragraphs():
 def test_only_lexical_retrievers_may_be_retrieved_in_parts():
     """`Retriever.per_query` (flows/warmup.py retrieves a first shard in two parts only where it holds): an encoder's
     batch padding moves its scores, so dense, rerank and hybrid retrieval are not; wrappers take their inner one's."""
-    from tasks.retrievers import parse_retriever
+    from strategies.retrievers import parse_retriever
 
     per_query = {name: parse_retriever(name).per_query
                  for name in ("bm25@5", "none", "dense@5", "bm25@rr@5", "hybrid(bm25@5,dense@5)", "hybrid(bm25@5,none)",
@@ -381,8 +381,8 @@ def test_only_lexical_retrievers_may_be_retrieved_in_parts():
 def test_start_engine_reaches_the_bm25_inside_every_wrapper(monkeypatch):
     """Retriever.start_engine (the warm-up starts the JVM with it, flows/warmup.py): hybrid, trunc and gold pass it
     to the retrievers they wrap; one without an engine does nothing."""
-    from tasks.retrievers import parse_retriever
-    from tasks.retrievers.bm25 import BM25
+    from strategies.retrievers import parse_retriever
+    from strategies.retrievers.bm25 import BM25
 
     started: list[str] = []
     monkeypatch.setattr(BM25, "start_engine", lambda self: started.append(self.name))

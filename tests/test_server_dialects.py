@@ -17,8 +17,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ragledger.llm import BackendError, ContextOverflow, LLMClient, LLMRequest, run_on_engine
-from ragledger.llm_http import Endpoint
+from engines.llm import BackendError, ContextOverflow, LLMClient, LLMRequest, run_on_engine
+from engines.llm_types import Endpoint
 
 # {"message": ...} of each server's HTTP 400 for a prompt longer than the context (2,048 tokens)
 VLLM_OVERFLOW = {"error": {
@@ -147,8 +147,8 @@ def test_token_logprobs_are_the_answers_own_tokens_on_both_servers():
 
 
 def test_the_generate_stage_names_the_cell_and_the_question():
+    from strategies.readers.base import Call
     from tasks.generate import overflow_message
-    from tasks.readers.base import Call
 
     exc = ContextOverflow("the prompt does not fit the model's context: This model's maximum context length is 2048 "
                           "tokens. (http://127.0.0.1:8011/v1, HTTP 400, not retried)")

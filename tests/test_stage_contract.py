@@ -8,7 +8,7 @@ import pickletools
 
 import pytest
 
-from ragledger.cell import Cell
+from core.cell import Cell
 from tasks.stages import (
     EvaluateStage,
     FilterStage,
@@ -30,7 +30,7 @@ STAGES = [
 
 
 def task_of(stage):
-    from flows.tasks import closed_book_filter_task, evaluate_task, generate_round_task, retrieve_task, vote_task
+    from tasks.prefect_tasks import closed_book_filter_task, evaluate_task, generate_round_task, retrieve_task, vote_task
 
     return {FilterStage: closed_book_filter_task, RetrieveStage: retrieve_task, GenerateStage: generate_round_task,
             VoteStage: vote_task, EvaluateStage: evaluate_task}[type(stage)]
@@ -45,7 +45,7 @@ def test_the_task_is_named_and_cached_by_its_stage(stage):
 
 @pytest.mark.parametrize("stage", STAGES, ids=lambda s: type(s).__name__)
 def test_one_result_type(stage):
-    run = RunContext({}, "/store", "/store/questions/x/seg.parquet", "token")
+    run = RunContext(None, "/store", "/store/questions/x/seg.parquet", "token")
     result = stage.result(run, None, 0)
     assert isinstance(result, StageResult)
     assert (result.shard, result.run_token, result.segment, result.counters) == (stage.key, "token", None, {})

@@ -48,9 +48,9 @@ BEFORE = {
 
 @pytest.mark.parametrize("case", list(BEFORE))
 def test_a_single_mapping_spec_keeps_its_hash_and_cache_identity(case):
+    from core.datasets import Question
     from flows.experiment import question_rows
-    from ragledger.datasets import Question
-    from tracking.events import stable_hash
+    from tracking.store.events import stable_hash
 
     patch, spec_hash, dataset_key, question_event = BEFORE[case]
     spec = parse_spec({**BASE, **patch})
@@ -131,7 +131,7 @@ def sweep_spec(ws: Path, model: dict) -> dict:
 def test_sweep_runs_each_dataset_as_an_experiment_with_one_endpoint(tmp_path, data_dir, prefect_harness, monkeypatch):
     from flows.experiment import scheduled_experiment
     from flows.sweep import run_spec
-    from tracking.query import query
+    from tracking.analysis.query import query
 
     with ScriptedServer(answer=answer) as server:
         starts: list[str] = []
@@ -141,7 +141,7 @@ def test_sweep_runs_each_dataset_as_an_experiment_with_one_endpoint(tmp_path, da
             starts.append(model_name)  # the scripted server stands in for llama.cpp
             yield server.base_url
 
-        monkeypatch.setattr("ragledger.embedded.embedded_server", embedded_server)
+        monkeypatch.setattr("engines.embedded.embedded_server", embedded_server)
         spec = sweep_spec(tmp_path, {"backend": "embedded", "embedded_model": "qwen2.5-0.5b-instruct-q4km", "concurrency": 4})
         store, uri = spec["tracking"]["store"], spec["tracking"]["mlflow_uri"]
         first = run_spec(spec, store, tracking_uri=uri)

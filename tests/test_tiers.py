@@ -43,8 +43,8 @@ def test_every_tier_entry_names_a_test_that_exists():
 
 
 def test_every_reader_entry_and_retriever_kind_meets_the_real_model_in_the_default_tier():
-    from tasks.readers import READERS
-    from tasks.retrievers import PLAIN, SOURCES, WRAPPERS
+    from strategies.readers import READERS
+    from strategies.retrievers import PLAIN, SOURCES, WRAPPERS
     from tests import test_real_model_strategies as real
 
     listed = _pytest("--collect-only", "-q", "-m", "not extended", "tests/test_real_model_strategies.py")

@@ -16,7 +16,7 @@ import yaml
 
 from tests.fakes.openai_server import ScriptedServer
 from tests.test_reliability import cli, make_data, reader, write_spec
-from tracking.events import EventStore
+from tracking.store.events import EventStore
 
 EXPERIMENT = "twomachines"
 NEW_READER = {"name": "concatenation", "samples": 2}

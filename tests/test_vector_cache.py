@@ -1,4 +1,4 @@
-"""Embeddings kept on the machine (ragledger/vector_cache.py): each distinct text is encoded once per machine, read
+"""Embeddings kept on the machine (engines/vector_cache.py): each distinct text is encoded once per machine, read
 back bit for bit, and a cache that cannot be used never stops an embedding."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import uuid
 import numpy as np
 import pytest
 
-from ragledger import semantic
-from ragledger.vector_cache import VectorCache
+from engines import semantic
+from engines.vector_cache import VectorCache
 
 
 @pytest.fixture
@@ -20,7 +20,7 @@ def kept(tmp_path, monkeypatch):
     cache = VectorCache(tmp_path / "embeddings" / "v.sqlite", 384)
     monkeypatch.setattr(semantic, "_kept", lambda: cache)
     monkeypatch.setattr(semantic, "_cache", {})
-    import ragledger.onnx_encoder as onnx_encoder
+    import engines.onnx_encoder as onnx_encoder
 
     encoded: list[list[str]] = []
     real = onnx_encoder.encode
@@ -76,7 +76,7 @@ def test_a_second_process_reads_kept_vectors_without_loading_the_encoder():
     """As a rerun of the evaluate stage in a new process: the texts were embedded before on this machine, so the
     semantic match loads neither ONNX Runtime nor the model."""
     texts = [f"answer {uuid.uuid4().hex}", f"gold {uuid.uuid4().hex}"]
-    program = ("import sys; from ragledger.semantic import max_similarity; "
+    program = ("import sys; from engines.semantic import max_similarity; "
                f"print(round(max_similarity([{texts[0]!r}], [[{texts[1]!r}]])[0], 6), 'onnxruntime' in sys.modules)")
     first = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True).stdout.split()
     second = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True).stdout.split()

@@ -7,7 +7,7 @@ for REFEED, SuRe's long prompts with their own max_tokens); a prompt over the co
 What vLLM 0.32 answered differently from llama.cpp (llama-cpp-python 0.3.36's server) to the same requests, and
 what ragledger does about it (tests/test_server_dialects.py replays each in seconds):
 - vLLM lists the end-of-turn token ("<|im_end|>") last among an answer's token log-probabilities although the text
-  does not contain it; llama.cpp does not. The client drops it (ragledger/llm_http.py `_token_logprobs`), so an
+  does not contain it; llama.cpp does not. The client drops it (engines/llm_http.py `_token_logprobs`), so an
   output's mean log-probability is over the same tokens on both.
 - A prompt longer than the context: both answer HTTP 400, worded differently (vLLM: "your prompt contains at least
   2049 input tokens", param input_tokens, code 400; llama.cpp: "you requested 2542 tokens (2530 in the messages, 12
@@ -73,7 +73,7 @@ def vllm(tmp_path_factory):
     port = free_port()
     env = {**os.environ, "VLLM_CPU_PORT": str(port), "VLLM_CPU_MAX_LEN": str(MAX_LEN), "VLLM_CPU_SERVED_NAME": SERVED}
     log_path = logs / "vllm-server.log"
-    from ragledger.processes import die_with_parent
+    from core.processes import die_with_parent
 
     with log_path.open("wb") as log:
         proc = subprocess.Popen(["bash", str(REPO / "infra" / "vllm_cpu.sh"), "serve"], stdout=log,
@@ -110,7 +110,7 @@ def _spec(tmp: Path, name: str, base_url: str, **fields) -> Path:
 
 
 def _generations(cwd: Path):
-    from tracking.query import query
+    from tracking.analysis.query import query
 
     return query(cwd / ".ragledger" / "store", "SELECT * FROM generations")
 
@@ -181,7 +181,7 @@ def test_every_kind_of_request_the_readers_send(vllm, tmp_path):
     summary = gens[(gens["reader"] == "sure_generic") & (gens["role"] == "summary")]
     assert len(summary) == 1 and 0 < summary["tokens_out"].iloc[0] <= 200  # within its own max_tokens (200)
 
-    from tracking.query import query
+    from tracking.analysis.query import query
 
     votes = query(tmp_path / ".ragledger" / "store", "SELECT reader, method FROM votes")
     assert set(votes[votes["reader"].str.startswith("refeed")]["method"]) == {"refeed-answer-prob"}
@@ -200,8 +200,8 @@ def _metric(base_url: str, name: str) -> float:
 
 
 def test_log_probabilities_and_seeded_samples_through_the_client(vllm):
-    from ragledger.llm import LLMClient, LLMRequest, run_on_engine
-    from ragledger.llm_http import Endpoint
+    from engines.llm import LLMClient, LLMRequest, run_on_engine
+    from engines.llm_types import Endpoint
 
     client = LLMClient(Endpoint(base_url=vllm["base_url"], model=SERVED), "vllm-test", cache=None)
     greedy = run_on_engine(client.complete(LLMRequest("Answer briefly.", "What is the capital of France?", 0.0, 1.0, 12,
@@ -227,7 +227,7 @@ def test_a_prompt_over_the_context_ends_the_run_with_one_line_naming_cell_and_qu
     assert len(errors) == 1, out.stderr[-3000:]
     line = errors[0]
     print(line)
-    from tracking.query import query
+    from tracking.analysis.query import query
 
     qid = query(tmp_path / ".ragledger" / "store", "SELECT qid FROM questions")["qid"][0]
     assert f"cell 'bm25@20 · concatenation · {SERVED}', question {qid} (round 1, answer call)" in line

@@ -14,8 +14,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tracking import analysis as an
-from tracking.events import EventStore, new_events, stable_hash
+from tracking.analysis import inconsistency as an
+from tracking.store.events import EventStore, new_events, stable_hash
 
 CELLS, QUESTIONS, EXP = 16, 100_000, "bench"
 TYPES = np.array(["correct", "lucky_guess", "retrieval_failure", "extraction_error", "hallucination_error", "abstention"])
@@ -78,7 +78,7 @@ def test_bench_per_example_query(benchmark, big_store):
     projection (which segments share events; cached under <store>/projections): timed once, apart."""
     import shutil
 
-    from tracking.query import PROJECTIONS_DIR, query
+    from tracking.analysis.query import PROJECTIONS_DIR, query
 
     sql = "SELECT cell, prediction, em, error_type FROM outcomes WHERE qid = 'q054321' ORDER BY cell"
     shutil.rmtree(os.path.join(big_store, PROJECTIONS_DIR), ignore_errors=True)

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from ragledger.datasets import load_questions
-from tasks.retrievers.base import Query
-from tasks.retrievers.bm25 import BM25, BM25_B, BM25_K1
-from tasks.retrievers.corpus import Corpus
+from core.datasets import load_questions
+from strategies.retrievers.base import Query
+from strategies.retrievers.bm25 import BM25, BM25_B, BM25_K1
+from strategies.retrievers.corpus import Corpus
 
 REPO = Path(__file__).resolve().parents[2]
 K = 10
@@ -29,9 +29,9 @@ _stats: dict[str, tuple[float, float]] = {}  # name -> (min, median) seconds
 
 @pytest.fixture(scope="module")
 def setup():
-    # pyserini's full SimpleSearcher class first: ours (tasks/retrievers/bm25.py) then uses it instead of declaring
+    # pyserini's full SimpleSearcher class first: ours (strategies/retrievers/bm25.py) then uses it instead of declaring
     # its three-member one, which pyserini's LuceneSearcher could not use
-    from ragledger.java import ensure_jvm
+    from engines.java import ensure_jvm
 
     ensure_jvm()
     os.environ.setdefault("OPENAI_API_KEY", "unused-placeholder")  # pyserini.encode refuses to import without one
@@ -47,7 +47,7 @@ def setup():
 
 def test_pyserini_batch_search(benchmark, setup, monkeypatch):
     retriever, queries = setup
-    from ragledger.java import ensure_jvm
+    from engines.java import ensure_jvm
 
     ensure_jvm()
     # pyserini.encode._openai builds an OpenAI client at import time and refuses to import without a key;

@@ -93,8 +93,8 @@ def user_env() -> dict[str, str]:
 def fresh_cache_home(home: Path) -> None:
     """This machine's cache home (models, indexes, corpus tables) without its kept embeddings, for the commands of
     one test: each test's first run embeds its answers as a first run on this machine would, whatever the tests
-    before it kept (ragledger/vector_cache.py)."""
-    from ragledger.paths import cache_home
+    before it kept (engines/vector_cache.py)."""
+    from core.paths import cache_home
 
     home.mkdir()
     for entry in cache_home().iterdir():
@@ -154,7 +154,7 @@ def prepared_directory(work: Path, base_url: str) -> Path:
 
 def fresh_bare_loop(work: Path, base_url: str) -> dict:
     """The bare-loop script as a fresh process from the shell: its own loop time, its command time, its first call."""
-    from ragledger.paths import data_dir
+    from core.paths import data_dir
 
     bare_s, out, bare_first = first_call_after([sys.executable, "-c", BARE_LOOP_SCRIPT, base_url,
                                                 str(data_dir() / "squad" / "dev-v1.1.json.gz"), str(QUESTIONS), str(K),
@@ -204,7 +204,7 @@ def test_p1_cold_ragledger_run_beside_a_fresh_bare_loop(benchmark, latency_serve
     assert rerun["llm_calls"] == 0 and rerun["cells"] == first["cells"]
 
     # the same run into a new store: every call and retrieval again, but the answers' embeddings are kept on the
-    # machine (ragledger/vector_cache.py), as for a researcher's next run over the same questions
+    # machine (engines/vector_cache.py), as for a researcher's next run over the same questions
     again_path = work / "again.json"
     again_s, _, again_first = first_call_after([*command[:-1], str(again_path), "--store", "again-store"], work,
                                                latency_server)

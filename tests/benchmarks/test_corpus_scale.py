@@ -99,7 +99,7 @@ def synthetic_corpus(n: int) -> Path:
 def seed_machine(home: Path) -> None:
     """A machine ragledger has run on before: its models and the JVM's start-up cache (trained once per machine, on
     the first index build) are there, the corpus is new. Linked from this machine's cache home."""
-    from ragledger.paths import cache_home
+    from core.paths import cache_home
 
     home.mkdir(parents=True, exist_ok=True)
     for name in ("jvm", "models"):
@@ -117,6 +117,7 @@ def write_spec(ws: Path, corpus: Path, base_url: str) -> Path:
     return path
 
 
+@pytest.mark.timeout(6 * 3600)  # 5 M passages: two index builds of ~10 minutes each on 2 cores
 @pytest.mark.parametrize("n", SIZES)
 def test_corpus_scale(benchmark, record_result, n):
     corpus_dir = synthetic_corpus(n)

@@ -76,7 +76,7 @@ async def bare_loop(base_url: str, prompts: list[str], aiohttp: bool = False) ->
 
 
 def baseline_prompts() -> list[str]:
-    from ragledger.datasets import load_questions, sample_questions
+    from core.datasets import load_questions, sample_questions
 
     questions = sample_questions(load_questions("squad", "squad/dev-v1.1.json.gz"), QUESTIONS, 0)
     return [f"Passage {i}: ...\nQuestion: {q.question}" for q in questions for i in range(K)]

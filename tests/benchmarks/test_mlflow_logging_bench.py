@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tracking.events import EventStore, new_events, stable_hash
+from tracking.store.events import EventStore, new_events, stable_hash
 
 ROWS, SAMPLE = 100_000, 500
 _times: dict[str, float] = {}
@@ -37,7 +37,7 @@ def outcome_rows(n: int) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def logger(tmp_path_factory):
-    from tracking.mlflow_log import MlflowLogger
+    from tracking.mlflow.log import MlflowLogger
 
     root = tmp_path_factory.mktemp("p5")
     return MlflowLogger(f"sqlite:///{root / 'mlflow.db'}", "p5"), root

@@ -1,4 +1,4 @@
-"""What prefix-ordered calls save on the embedded model (ragledger/call_gate.py).
+"""What prefix-ordered calls save on the embedded model (engines/call_gate.py).
 
 The SuRe family and self-consistency part of configs/readers.yaml (sure, sure_base, sure_mcq, sure_generic,
 sure_summaries, sure_ranking; concat_pf with 3 samples at temperature 0.7) runs twice on the real embedded model,
@@ -15,7 +15,7 @@ outcomes differ between the runs.
 
 2 cores, nothing else running: 49 calls each; prompt tokens evaluated 31,947 in arrival order, 22,283
 prefix-ordered (-30.3 %) of 45,387 sent; wall time 404.5 s and 284.0 s (-29.8 %); outcomes and generated texts
-identical (the embedded server reuses a cached prefix only in whole batches, ragledger/llama_server.py).
+identical (the embedded server reuses a cached prefix only in whole batches, engines/llama_server.py).
 RAGLEDGER_BENCH_PREFIX_QUESTIONS, RAGLEDGER_BENCH_PREFIX_SHARD and RAGLEDGER_BENCH_PREFIX_MODEL change the size.
 """
 
@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ragledger.embedded import _PROMPT_EVAL as PROMPT_EVAL
+from engines.embedded import _PROMPT_EVAL as PROMPT_EVAL
 
 REPO = Path(__file__).resolve().parents[2]
 RAGLEDGER = str(Path(sys.executable).with_name("ragledger"))
@@ -73,7 +73,7 @@ def _run(workdir: Path, prefix_order: bool) -> dict:
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     summary = json.loads((workdir / "run.json").read_text())
     sys.path.insert(0, str(REPO))
-    from tracking.query import query
+    from tracking.analysis.query import query
 
     store = workdir / ".ragledger" / "store"
     rows = query(store, "SELECT cell, qid, prediction, em FROM outcomes ORDER BY cell, qid").to_csv(index=False)
@@ -89,7 +89,7 @@ def _run(workdir: Path, prefix_order: bool) -> dict:
 def compare_outputs(a: Path, b: Path) -> dict:
     """Which calls (by cache key) the two runs both made, and which of those returned different text: each named by
     its strategy, role and question, with the characters its prompt shared with the one before it in either run."""
-    from tracking.query import query
+    from tracking.analysis.query import query
 
     sql = "SELECT call_id, any_value(strategy) AS strategy, any_value(role) AS role, any_value(qid) AS qid, " \
           "any_value(output) AS output FROM generations WHERE NOT from_cache GROUP BY call_id"
@@ -111,7 +111,7 @@ def admissions(workdir: Path, store: Path) -> dict:
     slot); written to admissions.tsv beside the run. Also the characters any order could at best leave to evaluate:
     the prompts in lexicographic order, each sharing its longest possible prefix with the one before (round
     dependencies ignored, so a bound)."""
-    from tracking.query import query
+    from tracking.analysis.query import query
 
     log = [json.loads(line) for line in (workdir / "admissions.jsonl").read_text().splitlines()]
     gens = query(store, "SELECT DISTINCT system_prompt, prompt, strategy, round, role, qid, sample_index FROM generations")
@@ -133,7 +133,7 @@ def admissions(workdir: Path, store: Path) -> dict:
         f.write("i\tqueued\tshared_chars\tchars\tevaluated_tokens\tcall\n")
         for i, (a, n) in enumerate(zip(log, evaluated, strict=True)):
             f.write(f"{i}\t{a['queued']}\t{a['shared']}\t{a['chars']}\t{n}\t{names.get(a['digest'], '?')}\n")
-    from ragledger.call_gate import common_prefix_len
+    from engines.call_gate import common_prefix_len
 
     best = sorted(texts.get(a["digest"], "") for a in log)
     lexicographic = sum(map(len, best)) - sum(common_prefix_len(a, b) for a, b in itertools.pairwise(best))
@@ -147,7 +147,7 @@ def admissions(workdir: Path, store: Path) -> dict:
 
 
 def test_prefix_order_saves_prompt_evaluation(tmp_path, benchmark, record_result):
-    from ragledger.embedded import llama_server_available
+    from engines.embedded import llama_server_available
 
     if not llama_server_available():
         pytest.skip("the embedded model is not installed (bash infra/setup.sh)")

@@ -1,8 +1,8 @@
-"""What batch-aligned prefix reuse costs on the embedded model (ragledger/llama_server.py).
+"""What batch-aligned prefix reuse costs on the embedded model (engines/llama_server.py).
 
 Six prompts of ~350-550 tokens over SQuAD passages (several share three passages, as SuRe's and Post-Fusion's calls
 of one question do) are evaluated with llama.cpp's Python bindings, in one process per batch size:
-- from scratch each, at batch 64 (what ragledger/embedded.py starts the server with) and at 512 (llama.cpp's
+- from scratch each, at batch 64 (what engines/embedded.py starts the server with) and at 512 (llama.cpp's
   default): the prompt-evaluation time, i.e. the price of the smaller batch when nothing is reused;
 - one after another with the aligned reuse: the tokens evaluated, and the last-token logits against the fresh ones
   (reported: the largest difference, which the alignment makes 0.0).
@@ -28,8 +28,8 @@ SCRIPT = r"""
 import gzip, json, sys, time
 import numpy as np
 from llama_cpp import Llama
-from ragledger.llama_server import aligned_prefix
-from ragledger.models import ensure_model
+from engines.llama_server import aligned_prefix
+from engines.models import ensure_model
 
 model, batch, data = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 with gzip.open(data, "rt") as f:

@@ -1,6 +1,6 @@
 """`ragledger pull` of a large experiment from the MLflow server on PostgreSQL (proxied artifacts): 100,000 outcome
 records over 16 cells (6,250 questions each), written through the EventStore and logged as ragledger logs an
-execution (tracking.mlflow_sync.log_execution), then pulled into an empty store (every segment downloaded and
+execution (tracking.mlflow.runs.log_execution), then pulled into an empty store (every segment downloaded and
 checked: checksum, schema, experiment, name) beside a direct `mlflow.artifacts.download_artifacts` of the same
 artifact files, in the same run against the same server. Target: pull ≤ 10 s. Times are reported, not asserted.
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from tracking.events import EventStore, new_events, stable_hash
+from tracking.store.events import EventStore, new_events, stable_hash
 
 CELLS, ROWS, EXP = 16, 100_000, "pullbench"
 QUESTIONS = ROWS // CELLS
@@ -83,8 +83,8 @@ def direct_download(url: str, logged: dict, into: Path) -> int:
 
 def test_pull_of_100k_outcome_rows_from_mlflow_on_postgresql(benchmark, tmp_path, mlflow_postgres, monkeypatch,
                                                               record_result):
-    from tracking.mlflow_pull import pull
-    from tracking.mlflow_sync import log_execution
+    from tracking.mlflow.pull import pull
+    from tracking.mlflow.runs import log_execution
 
     url, _ = mlflow_postgres
     monkeypatch.setenv("RAGLEDGER_MLFLOW_TRACES", "0")  # traces need generation records, which this store has not

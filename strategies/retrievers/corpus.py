@@ -1,0 +1,276 @@
+"""The corpus a run retrieves from, never held in memory: its identity (`corpus_hash`), its passages streamed in
+order (to build an index), and, once indexed, its passages read by id from disk (strategies/retrievers/lucene.py
+`PassageStore`: the Lucene index's stored documents, for the hits a run needs only).
+
+Sources (the spec's `corpus.name`, docs/spec.md):
+- `squad-paragraphs`, `jsonl`, `dpr-tsv`: passage files. ragledger builds one Lucene index of them per corpus hash
+  (the BM25 index, with every document stored raw), which is also where a run reads passages from.
+- `lucene`: an existing Lucene index with stored documents (`-storeRaw`, as Pyserini's prebuilt indexes have
+  them), searched and read in place.
+- `prebuilt`: a Pyserini prebuilt index by name, fetched into and read from Pyserini's own cache by Pyserini.
+
+The corpus hash of a passage file is content-defined (every id, title and text, in order) and computed once per
+file identity, streaming, then kept beside the indexes; that of an index is the identity of its files (names,
+sizes and each file's Lucene checksum footer).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import io
+import json
+import logging
+import os
+import tempfile
+import threading
+from array import array
+from collections.abc import Iterator
+from dataclasses import dataclass
+from json.encoder import encode_basestring  # type: ignore[attr-defined]  # the C encoder json.dumps uses for a str
+from pathlib import Path
+
+from core.atomic import atomic_write_text
+from core.datasets import CORPUS_FILE_KINDS, DatasetError, check_unique_ids, iter_corpus, pid_hash
+from core.hashing import stable_hash
+from core.paths import cache_home, file_identity, resolve_data_path
+
+logger = logging.getLogger(__name__)
+
+INDEX_KINDS = ("lucene", "prebuilt")
+CORPUS_KINDS = (*CORPUS_FILE_KINDS, *INDEX_KINDS)
+# names what is kept per corpus file identity (its hash and size): a new one when the readers or the hash change
+CORPUS_INFO_VERSION = "corpus-info-1"
+LUCENE_FOOTER_BYTES = 16  # every Lucene file ends with a codec footer holding its CRC32 checksum
+PROGRESS_EVERY = 1_000_000  # passages between progress lines of the one-time read
+HASH_BATCH = 4096
+
+
+class CorpusError(DatasetError):
+    """A corpus that cannot be read as given; the message names the file, index or field and what to do."""
+
+
+@dataclass(frozen=True)
+class Corpus:
+    name: str  # one of CORPUS_KINDS
+    paths: tuple[str, ...]  # the passage files, or the one index folder (`lucene`), or the index name (`prebuilt`)
+    passages_hash: str  # the passages' identity: names the indexes built of them
+    passages: int | None  # known for passage files (counted while hashing); an index says it when opened
+    index_dir: Path | None = None  # `lucene` and `prebuilt`: the index that holds the corpus
+    faiss: Path | None = None  # a FAISS index directory in Pyserini's layout that `dense@k` searches (corpus.faiss)
+    anserini_ready: bool = False  # a JSON-lines file of {id, contents} rows only: an index build reads it in place
+
+    @property
+    def corpus_hash(self) -> str:
+        """What the retrieve keys hold: the passages, and the FAISS directory dense retrieval searches when given."""
+        return self.passages_hash if self.faiss is None else stable_hash(self.passages_hash, index_hash(self.faiss))
+
+    @classmethod
+    def of_spec(cls, spec, log=None) -> Corpus:  # spec: schemas.spec.CorpusSpec (schemas sits above this layer)
+        """The corpus a spec's `corpus` block (schemas.spec.CorpusSpec) names."""
+        return cls.load(spec.name, tuple(spec.paths), spec.faiss, log=log)
+
+    @classmethod
+    def load(cls, name: str, paths: tuple[str, ...], faiss: str | None = None, log=None) -> Corpus:
+        """The spec's corpus: its hash and size, kept per file identity (a passage file is read and hashed once on
+        this machine, saying so to `log`) or computed from an index's files. Nothing of the passages stays in memory."""
+        if name not in CORPUS_KINDS:
+            raise CorpusError(f"corpus.name: unknown corpus kind {name!r}; known: {', '.join(CORPUS_KINDS)}")
+        faiss_dir = _faiss_dir(faiss) if faiss else None
+        if name in INDEX_KINDS:
+            index_dir = _index_dir(name, paths)
+            return cls(name, tuple(paths), index_hash(index_dir), None, index_dir, faiss_dir)
+        key = (name, tuple(paths), _identity(name, tuple(paths)))
+        with _memo_lock:
+            if key not in _memo:
+                _memo[key] = _file_corpus(*key, log=log)
+            return dataclasses.replace(_memo[key], faiss=faiss_dir)
+
+    @property
+    def built_here(self) -> bool:
+        """True for passage files: ragledger builds (and owns) their Lucene index."""
+        return self.index_dir is None
+
+    def stream(self) -> Iterator[tuple[str, str, str]]:
+        """(pid, title, text) of every passage, in file order, in constant memory (passage files only: an index
+        corpus is read through its index, strategies/retrievers/lucene.py)."""
+        if not self.built_here:
+            raise CorpusError(f"corpus {self.paths[0]}: an index corpus is read through its index, not streamed")
+        for _, pid, title, text in iter_corpus(self.name, list(self.paths)):
+            yield pid, title, text
+
+
+def _identity(name: str, paths: tuple[str, ...]) -> tuple:
+    files = []
+    for path in paths:
+        p = resolve_data_path(path)
+        if not p.is_file():
+            raise CorpusError(f"corpus.paths: {p}: file not found: put the {name} file there, or give another corpus "
+                              "with --corpus KIND:PATH or the spec's corpus block (e.g. --corpus prebuilt:wikipedia-dpr-100w, "
+                              "Pyserini's index of DPR's Wikipedia, or --corpus squad-paragraphs; docs/spec.md, Corpora)")
+        files.append(file_identity(p))
+    if not files:
+        raise CorpusError("corpus.paths: no file given")
+    return tuple(files)
+
+
+# (name, paths, the files' identity) -> Corpus: one read per process, and a file changed within a process is read afresh
+_memo: dict[tuple, Corpus] = {}
+_memo_lock = threading.Lock()
+
+
+def _file_corpus(name: str, paths: tuple[str, ...], identity: tuple, log=None) -> Corpus:
+    """Read from what this machine kept for these files (their identity names it), else streamed and hashed once."""
+    kept = cache_home() / "corpora" / f"{stable_hash(CORPUS_INFO_VERSION, name, identity)}.json"
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        info = json.loads(kept.read_text())
+        return Corpus(name, paths, str(info["corpus_hash"]), int(info["passages"]),
+                      anserini_ready=bool(info["anserini_ready"]))
+    if log is not None:
+        log(f"reading the {name} corpus once on this machine to name it by its content ({', '.join(paths)}) ...")
+    shape: dict = {}
+    corpus_hash, count = stream_hash(name, paths, log, shape)
+    ready = bool(shape.get("contents_only"))
+    try:  # a cache: one that cannot be kept is computed again next time
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(kept, json.dumps({"corpus_hash": corpus_hash, "passages": count, "anserini_ready": ready,
+                                            "name": name, "files": [str(f[0]) for f in identity]}))
+    except OSError as exc:
+        logger.debug("corpus hash not kept at %s: %s", kept, exc)
+    return Corpus(name, paths, corpus_hash, count, anserini_ready=ready)
+
+
+def stream_hash(name: str, paths: tuple[str, ...], log=None, shape: dict | None = None) -> tuple[str, int]:
+    """The corpus hash, streamed: the same value as `stable_hash("corpus", pids, titles, texts)` over the whole
+    corpus (core/hashing.py: sha256 of the JSON of the three lists), without holding them. The ids go to the
+    hash as they come; titles and texts are spooled to two temporary files and appended after them. Every row is
+    checked on the way (tasks: core/datasets.py `iter_corpus`), duplicate ids too, in 8 bytes a passage."""
+    sha = hashlib.sha256(b'["corpus", [')
+    hashes = array("Q")
+    count = 0
+    spool_dir = _spool_dir()
+    with tempfile.TemporaryFile(dir=spool_dir) as titles, tempfile.TemporaryFile(dir=spool_dir) as texts:
+        # in batches: one hash update and one write per HASH_BATCH passages, not per passage (a third of the time)
+        for batch in _batches(iter_corpus(name, list(paths), shape), HASH_BATCH):
+            sep = b", " if count else b""
+            sha.update(sep + b", ".join([_json(pid) for _, pid, _, _ in batch]))
+            titles.write(sep + b", ".join([_json(title) for _, _, title, _ in batch]))
+            texts.write(sep + b", ".join([_json(text) for _, _, _, text in batch]))
+            hashes.extend([pid_hash(pid) for _, pid, _, _ in batch])
+            before, count = count, count + len(batch)
+            if log is not None and count // PROGRESS_EVERY > before // PROGRESS_EVERY:
+                log(f"  {count:,} passages read")
+        check_unique_ids(name, list(paths), hashes)
+        for spool, opening in ((titles, b"], ["), (texts, b"], [")):
+            sha.update(opening)
+            spool.seek(0)
+            for block in iter(functools.partial(spool.read, 1 << 20), b""):
+                sha.update(block)
+    sha.update(b"]]")
+    return sha.hexdigest()[:32], count
+
+
+def _batches(rows, size: int):
+    batch = []
+    for row in rows:
+        batch.append(row)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _spool_dir() -> Path | None:
+    """Beside the kept hashes (a corpus's text is spooled there: the same disk as the indexes), or the system's temporary
+    folder when that cannot be written (a user whose cache home is read-only still runs)."""
+    folder = cache_home() / "corpora"
+    with contextlib.suppress(OSError):
+        folder.mkdir(parents=True, exist_ok=True)
+    return folder if os.access(folder, os.W_OK) else None
+
+
+def _json(value: str) -> bytes:
+    """json.dumps(value, ensure_ascii=False) of a string, without building an encoder per call (a tenth of the time)."""
+    return encode_basestring(value).encode("utf-8")
+
+
+def _index_dir(name: str, paths: tuple[str, ...]) -> Path:
+    if len(paths) != 1:
+        raise CorpusError(f"corpus.paths: a {name} corpus is one {'index folder' if name == 'lucene' else 'index name'}, "
+                          f"got {len(paths)}")
+    if name == "prebuilt":
+        return prebuilt_index(paths[0])
+    folder = resolve_data_path(paths[0])
+    if not folder.is_dir():
+        raise CorpusError(f"corpus.paths: {folder}: no such index folder (give an existing Lucene index with stored "
+                          "documents, e.g. one built by `python -m pyserini.index.lucene ... --storeRaw`)")
+    if not any(folder.glob("segments_*")):
+        raise CorpusError(f"corpus.paths: {folder}: not a Lucene index (no segments_N file)")
+    return folder
+
+
+def _faiss_dir(path: str) -> Path:
+    folder = resolve_data_path(path)
+    if not folder.is_dir():
+        raise CorpusError(f"corpus.faiss: {folder}: no such FAISS index directory (Pyserini's layout: 'index' and 'docid')")
+    for name in ("index", "docid"):
+        if not (folder / name).is_file():
+            raise CorpusError(f"corpus.faiss: {folder}: no {name!r} file (Pyserini's FAISS layout: 'index' and 'docid', "
+                              "one passage id per line)")
+    return folder
+
+
+def prebuilt_index(index_name: str) -> Path:
+    """A Pyserini prebuilt index by name, from Pyserini's cache ($PYSERINI_CACHE or ~/.cache/pyserini/indexes),
+    fetched there by Pyserini itself when missing and this machine can reach its servers."""
+    from engines.java import ensure_jvm
+
+    ensure_jvm()  # Pyserini's index tables are read from Anserini's jar: its JVM must be ragledger's (Java 21)
+    from pyserini import util
+
+    info = _prebuilt_info(index_name)
+    if info is None:
+        raise CorpusError(f"corpus.paths: {index_name!r} is not a Pyserini prebuilt index name (e.g. wikipedia-dpr-100w; "
+                          "`python -c 'from pyserini.prebuilt_index_info import TF_INDEX_INFO; print(*TF_INDEX_INFO)'`)")
+    folder = Path(util.get_cache_home()) / "indexes" / f"{info['filename'].removesuffix('.tar.gz')}.{info['md5']}"
+    if folder.is_dir():
+        return folder
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # Pyserini prints its download attempts
+            return Path(util.download_prebuilt_index(index_name, verbose=False))
+    except Exception as exc:  # no network, a refused download, a failed checksum
+        why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}" if str(exc) else type(exc).__name__
+        raise CorpusError(f"corpus.paths: the Pyserini prebuilt index {index_name!r} is not in Pyserini's cache ({folder}) "
+                          f"and could not be fetched ({why}); place the unpacked index there, or give it as "
+                          "corpus {name: lucene, paths: [FOLDER]}") from None
+
+
+def _prebuilt_info(index_name: str) -> dict | None:
+    from pyserini import prebuilt_index_info as known
+
+    for table in (known.TF_INDEX_INFO, known.IMPACT_INDEX_INFO):
+        if index_name in table and "filename" in table[index_name]:
+            return table[index_name]
+    return None
+
+
+def index_hash(folder: Path) -> str:
+    """A Lucene index's identity: each file's name, size and codec footer (its CRC32), so a rebuilt or changed
+    index is a new corpus while reading no document."""
+    parts = []
+    for f in sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".") and p.name != "write.lock"):
+        size = f.stat().st_size
+        with f.open("rb") as fh:
+            fh.seek(max(0, size - LUCENE_FOOTER_BYTES))
+            parts.append([f.name, size, fh.read().hex()])
+    return stable_hash("lucene-index", parts)
+
+
+def corpus_label(corpus: Corpus) -> str:
+    """How logs name the corpus."""
+    what = corpus.paths[0] if len(corpus.paths) == 1 else f"{len(corpus.paths)} files"
+    size = f"{corpus.passages:,} passages, " if corpus.passages is not None else ""
+    return f"{corpus.name} {os.path.basename(what) or what} ({size}hash {corpus.corpus_hash[:12]})"
