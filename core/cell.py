@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 SEPARATOR = " · "
-ENSEMBLE_PREFIX = "eor("  # tracking/analysis/eor.py names its ensemble retriever eor(<members>,pooling=<label>)
+ENSEMBLE_PREFIX = "eor("  # tracking/analysis/eor_cells.py names its ensemble retriever eor(<members>,pooling=<label>)
 
 
 @dataclass(frozen=True, order=True)

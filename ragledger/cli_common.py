@@ -3,7 +3,9 @@ and the input preflight. ragledger/cli.py, cli_analysis.py and cli_ops.py import
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, NoReturn
 
 import typer
@@ -11,6 +13,11 @@ from rich.console import Console
 from rich.markup import escape
 
 DEFAULT_STORE = ".ragledger/store"  # the spec's tracking.store default, for commands that take --store alone
+# indexes are keyed by corpus hash and shared by every store and checkout (tasks/context.py index_root_for)
+CORPUS_HELP = ("the corpus instead of the spec's: squad-paragraphs (SQuAD's own paragraphs), or KIND:PATH with KIND jsonl, "
+               "dpr-tsv or lucene (a file or index folder), or prebuilt:NAME (a Pyserini prebuilt index); docs/spec.md")
+INDEXES_HELP = ("indexes are not kept beside it: they go to $RAGLEDGER_INDEX_DIR (default: indexes/ under $RAGLEDGER_HOME, "
+                "~/.cache/ragledger)")
 
 if TYPE_CHECKING:
     from schemas.spec import AnySpec, CorpusSpec
@@ -87,3 +94,40 @@ def preflight(spec: AnySpec) -> None:
 
         refuse_credentials(os.environ.get("MLFLOW_TRACKING_URI"), "MLFLOW_TRACKING_URI", "MLflow reads them from "
                            "MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD (an MLflow server) or PGPASSWORD (PostgreSQL)")
+
+
+@contextlib.contextmanager
+def stage_progress() -> Iterator[None]:
+    """Rich progress bars fed by core.progress (one bar per stage, created on its first report); plain
+    progress lines every 30 s when the output is not a terminal (a long run logged to a file)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from core import progress as prog
+
+    if not console.is_terminal:
+        plain = prog.PlainProgress(lambda line: console.print(line, highlight=False, markup=False))
+        prog.set_listener(plain.advance, plain.total)
+        try:
+            yield
+        finally:
+            prog.set_listener(None)
+        return
+    with Progress(TextColumn("{task.description:>16}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console) as bars:
+        ids: dict[str, int] = {}
+
+        def total(stage: str, n: int) -> None:
+            if stage not in ids:
+                ids[stage] = bars.add_task(stage, total=n)
+            bars.reset(ids[stage], total=n)  # a stage's total is set once per experiment: each of a sweep restarts it
+
+        def advance(stage: str, n: int) -> None:
+            if stage not in ids:
+                ids[stage] = bars.add_task(stage, total=None)
+            bars.advance(ids[stage], n)
+
+        prog.set_listener(advance, total)
+        try:
+            yield
+        finally:
+            prog.set_listener(None)

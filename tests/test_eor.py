@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from tracking.analysis import eor
+from tracking.analysis.eor_cells import eor_cells
 from tracking.store.events import EventStore, event_id, new_events
 
 
@@ -67,7 +68,7 @@ def test_unknown_answers_do_not_vote_for_each_other():
 
 def test_fit_recovers_the_better_retriever(tmp_path):
     outcomes = synthetic_store(tmp_path)
-    out, info = eor.eor_cells(tmp_path, "syn", outcomes, metrics=("em", "f1"))
+    out, info = eor_cells(tmp_path, "syn", outcomes, metrics=("em", "f1"))
     (cell,) = info["cells"]
     assert cell == "eor(bad1,bad2,good,pooling=mean) · concatenation · m"
     fit = info["fits"][cell]
@@ -100,7 +101,7 @@ def test_nli_similarity_is_refused_with_the_reason():
 def test_fit_on_a_separate_training_experiment(tmp_path):
     outcomes = synthetic_store(tmp_path, n=120, seed=1)  # experiment "syn"
     train = synthetic_store(tmp_path / "train", n=120, seed=2)
-    out, info = eor.eor_cells(tmp_path, "syn", outcomes, metrics=("em", "f1"), train_outcomes=train, train_experiment="syn-train")
+    out, info = eor_cells(tmp_path, "syn", outcomes, metrics=("em", "f1"), train_outcomes=train, train_experiment="syn-train")
     (cell,) = info["cells"]
     assert info["split"] == "trained on experiment syn-train"
     assert info["fits"][cell]["train"] == 120 and len(out) == 120  # evaluated on every question of "syn"
@@ -174,14 +175,14 @@ def test_eor_pooling_is_mean_by_default_and_searched_only_when_asked(tmp_path):
     held_out = pooling_store(tmp_path, "pool")
     train = pooling_store(tmp_path / "train", "pool-fit")
 
-    out, info = eor.eor_cells(tmp_path, "pool", held_out, metrics=("em",), train_outcomes=train, train_experiment="pool-fit")
+    out, info = eor_cells(tmp_path, "pool", held_out, metrics=("em",), train_outcomes=train, train_experiment="pool-fit")
     (cell,) = info["cells"]
     assert cell == "eor(r1,r2,r3,r4,r5,pooling=mean) · concatenation · m" and info["pooling"] == "mean"
     fit = info["fits"][cell]
     assert fit["pooling"] == fit["pooling_option"] == "mean" and fit["train_accuracy"] <= 0.75
     assert out["em"].mean() <= 0.75  # some held-out pattern is answered wrongly
 
-    s_out, s_info = eor.eor_cells(tmp_path, "pool", held_out, metrics=("em",), train_outcomes=train,
+    s_out, s_info = eor_cells(tmp_path, "pool", held_out, metrics=("em",), train_outcomes=train,
                                   train_experiment="pool-fit", pooling="search")
     (s_cell,) = s_info["cells"]
     assert s_cell == "eor(r1,r2,r3,r4,r5,pooling=search:majority) · concatenation · m"
@@ -195,12 +196,12 @@ def test_eor_pooling_is_mean_by_default_and_searched_only_when_asked(tmp_path):
     assert {cell, s_cell} <= set(stored["cell"])
 
     # a pooling fixed by name is used as named, without the search
-    m_out, m_info = eor.eor_cells(tmp_path, "pool", held_out, metrics=("em",), train_outcomes=train,
+    m_out, m_info = eor_cells(tmp_path, "pool", held_out, metrics=("em",), train_outcomes=train,
                                   train_experiment="pool-fit", pooling="majority")
     assert m_info["cells"] == ["eor(r1,r2,r3,r4,r5,pooling=majority) · concatenation · m"]
     assert m_out["em"].mean() == 1.0
     with pytest.raises(ValueError, match="EoR pooling must be one of mean, max, majority, plurality, search"):
-        eor.eor_cells(tmp_path, "pool", held_out, metrics=("em",), pooling="median")
+        eor_cells(tmp_path, "pool", held_out, metrics=("em",), pooling="median")
 
 
 def test_analyze_command_eor_pooling_option(tmp_path, prefect_harness):

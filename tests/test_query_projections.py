@@ -15,7 +15,8 @@ import pytest
 
 import tracking.analysis.query as tq
 from tests.test_events import outcome_rows
-from tracking.store.events import EventStore, new_events
+from tracking.analysis import overlaps
+from tracking.store.events import PROJECTIONS_DIR, EventStore, new_events
 
 
 def write(store: EventStore, rows: list[dict], experiment: str = "exp", shift_s: float = 0.0) -> Path:
@@ -76,15 +77,15 @@ def test_overlap_projection_is_cached_per_scope_and_rebuildable(overlapping_stor
     root, segs = overlapping_store
     viewed(root, "exp")
     first = viewed(root)
-    cached = sorted((root / tq.PROJECTIONS_DIR).rglob("overlaps-*.json"))
-    assert [p.parent.relative_to(root / tq.PROJECTIONS_DIR).as_posix() for p in cached] == ["outcomes/@all", "outcomes/exp"]
+    cached = sorted((root / PROJECTIONS_DIR).rglob("overlaps-*.json"))
+    assert [p.parent.relative_to(root / PROJECTIONS_DIR).as_posix() for p in cached] == ["outcomes/@all", "outcomes/exp"]
     rel = {k: p.relative_to(root).as_posix() for k, p in segs.items()}
     assert json.loads(cached[1].read_text())["overlapping"] == [rel["A"], rel["B"]]
     exp = json.loads(cached[0].read_text())
     assert exp["overlapping"] == sorted([rel["A"], rel["B"], rel["D"]])
     same(viewed(root), first)  # from the cache
     same(viewed(root, use_cache=False), first)  # recomputed without it
-    shutil.rmtree(root / tq.PROJECTIONS_DIR)  # deleting every projection and rebuilding gives the same answers
+    shutil.rmtree(root / PROJECTIONS_DIR)  # deleting every projection and rebuilding gives the same answers
     same(viewed(root), first)
     cached[0].write_text("{not json")  # a damaged projection is computed again
     same(viewed(root), first)
@@ -94,18 +95,18 @@ def test_overlap_projection_is_cached_per_scope_and_rebuildable(overlapping_stor
 def test_a_new_segment_extends_the_cached_projection(overlapping_store, monkeypatch):
     root, segs = overlapping_store
     viewed(root, "exp")
-    before = sorted((root / tq.PROJECTIONS_DIR / "outcomes" / "exp").glob("overlaps-*.json"))
+    before = sorted((root / PROJECTIONS_DIR / "outcomes" / "exp").glob("overlaps-*.json"))
     new = write(EventStore(root), outcome_rows(2, start=9))  # q9 again (C's), q10 new
-    after = sorted((root / tq.PROJECTIONS_DIR / "outcomes" / "exp").glob("overlaps-*.json"))
+    after = sorted((root / PROJECTIONS_DIR / "outcomes" / "exp").glob("overlaps-*.json"))
     assert after == before  # nothing is recomputed until the next query
 
     def no_full_scan(con, files):
         raise AssertionError(f"full overlap scan over {len(files)} files; expected the incremental one")
 
     with monkeypatch.context() as m:
-        m.setattr(tq, "overlapping_segments", no_full_scan)
+        m.setattr(overlaps, "overlapping_segments", no_full_scan)
         same(viewed(root, "exp"), reference(root, "exp"))  # A, B from the cache; C and the new one found now
-    now = sorted((root / tq.PROJECTIONS_DIR / "outcomes" / "exp").glob("overlaps-*.json"))
+    now = sorted((root / PROJECTIONS_DIR / "outcomes" / "exp").glob("overlaps-*.json"))
     assert len(now) == 1 and now != before  # the stale one is replaced
     rel = {k: p.relative_to(root).as_posix() for k, p in {**segs, "new": new}.items()}
     assert json.loads(now[0].read_text())["overlapping"] == sorted([rel["A"], rel["B"], rel["C"], rel["new"]])
@@ -117,7 +118,7 @@ def test_a_removed_segment_is_not_taken_from_the_cache(overlapping_store):
     viewed(root, "exp")
     segs["B"].unlink()  # A no longer overlaps anything: the cached projection holds B, so it is not a base
     same(viewed(root, "exp"), reference(root, "exp"))
-    (cached,) = (root / tq.PROJECTIONS_DIR / "outcomes" / "exp").glob("overlaps-*.json")
+    (cached,) = (root / PROJECTIONS_DIR / "outcomes" / "exp").glob("overlaps-*.json")
     assert json.loads(cached.read_text())["overlapping"] == []
 
 
@@ -127,9 +128,9 @@ def test_a_store_that_cannot_be_written_still_answers(overlapping_store, monkeyp
     def refuse(path, text):
         raise PermissionError(f"read-only: {path}")
 
-    monkeypatch.setattr(tq, "_write_atomically", refuse)
+    monkeypatch.setattr(overlaps, "_write_atomically", refuse)
     same(viewed(root), reference(root))
-    assert not (root / tq.PROJECTIONS_DIR).exists()
+    assert not (root / PROJECTIONS_DIR).exists()
 
 
 def test_records_for_reads_only_the_given_questions_once(overlapping_store):
