@@ -13,7 +13,8 @@ same file is read by ragledger (`corpus: {name: jsonl}`) and by Pyserini's own i
 Peak RSS is the largest resident set of the command's processes (getrusage of the waited-for children, which
 `ragledger run`'s Prefect server and model-call process are too).
 
-Sizes: 20,963 and 1,000,000; 5,000,000 with RAGLEDGER_BENCH_5M=1 (about 3 GB of JSON lines and an hour on 2 cores).
+Sizes: 20,963 and 1,000,000; 5,000,000 with RAGLEDGER_BENCH_5M=1 (3.3 GB of JSON lines; the three sizes take ~21 minutes
+on 2 cores, docs/performance.md).
 The corpora are kept under $RAGLEDGER_BENCH_DIR (default /tmp/ragledger-corpus-bench) between runs.
 Skipped by default (`--benchmark-skip`). Run:
     .venv/bin/python -m pytest tests/benchmarks/test_corpus_scale.py --benchmark-only -p no:cacheprovider -s
