@@ -224,3 +224,28 @@ def test_a_run_on_a_pyserini_index_gives_the_outcomes_of_a_run_on_its_passage_fi
             proc = cli(ws, "run", str(write_spec(ws, server.base_url)), *extra)
             assert proc.returncode == 0, proc.stderr[-3000:]
     assert outcome_table(by_index) == outcome_table(by_file) and len(outcome_table(by_file)) == 2 * 8
+
+
+def test_a_flat_faiss_index_is_memory_mapped_not_copied(tmp_path):
+    """strategies/retrievers/dense.py `read_faiss`: a flat index's vectors stay file pages (the process's anonymous
+    memory does not grow by their size), and the search is the same as over the index read whole."""
+    import faiss
+    import numpy as np
+
+    from strategies.retrievers.dense import read_faiss
+
+    vectors = np.random.default_rng(0).random((20_000, 384), dtype=np.float32)  # 29 MiB
+    whole = faiss.IndexFlatIP(384)
+    whole.add(vectors)
+    faiss.write_index(whole, str(tmp_path / "index"))
+
+    def anonymous_kib() -> int:
+        return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("RssAnon"))
+
+    before = anonymous_kib()
+    mapped = read_faiss(tmp_path / "index")
+    scores, rows = mapped.search(vectors[:5], 10)
+    assert anonymous_kib() - before < 10 * 1024  # not the 29 MiB of vectors
+    expected_scores, expected_rows = whole.search(vectors[:5], 10)
+    assert np.array_equal(rows, expected_rows) and np.allclose(scores, expected_scores)
+

@@ -31,17 +31,28 @@ _indexes: dict[str, DenseIndex | FaissDirectory] = {}
 _lock = threading.Lock()
 
 
+def read_faiss(path: Path):
+    """A FAISS index with its vectors memory-mapped where FAISS can (IO_FLAG_MMAP_IFC: a flat index's vectors stay
+    file pages in the page cache, not this process's own memory; the search is the same), else read whole."""
+    import faiss
+
+    for flags in (faiss.IO_FLAG_MMAP_IFC, faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY, 0):
+        try:
+            return faiss.read_index(str(path), flags)
+        except RuntimeError:
+            continue
+    return faiss.read_index(str(path))
+
+
 class DenseIndex:
-    """Normalized passage vectors, their pids, and a FAISS IndexFlatIP over them."""
+    """Normalized passage vectors (memory-mapped), their pids, and a FAISS IndexFlatIP over them (memory-mapped)."""
 
     def __init__(self, folder: Path):
-        import faiss
-
         self.folder = folder
         self.pids: list[str] = json.loads((folder / "pids.json").read_text())
         self.vectors = np.load(folder / "vectors.npy", mmap_mode="r")
         self.row = {pid: i for i, pid in enumerate(self.pids)}
-        self.index = faiss.read_index(str(folder / "index.faiss"))
+        self.index = read_faiss(folder / "index.faiss")
 
     def search(self, query_vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         return self.index.search(np.ascontiguousarray(query_vectors, dtype=np.float32), k)
@@ -50,11 +61,9 @@ class DenseIndex:
 class FaissDirectory:
     """A FAISS index directory in Pyserini's layout (`index`: the FAISS index, `docid`: one passage id per line, in
     the index's row order), searched with queries encoded by the bundled model; its passages are read from the
-    corpus. The index is memory-mapped where FAISS can (flat indexes)."""
+    corpus. The index's vectors are memory-mapped where FAISS can (`read_faiss`)."""
 
     def __init__(self, folder: Path):
-        import faiss
-
         from engines.onnx_encoder import DIMENSION
 
         for name in ("index", "docid"):
@@ -65,10 +74,7 @@ class FaissDirectory:
         self.pids = (folder / "docid").read_text(encoding="utf-8").split("\n")
         if self.pids and self.pids[-1] == "":
             self.pids.pop()
-        try:
-            self.index = faiss.read_index(str(folder / "index"), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
-        except RuntimeError:
-            self.index = faiss.read_index(str(folder / "index"))
+        self.index = read_faiss(folder / "index")
         if self.index.ntotal != len(self.pids):
             raise CorpusError(f"corpus.faiss: {folder}: 'docid' names {len(self.pids):,} passages, the index holds "
                               f"{self.index.ntotal:,}")
