@@ -1,8 +1,8 @@
 """The transport of model calls: one event loop per process (the engine) that forwards every call to this
 process's model-call processes (`python -m engines.model_call_process`, which says why they are processes of their own), and
 those processes: started on the first call, started again if one exits, each bounding its share of the endpoint's
-concurrency. The client (`engines.llm.LLMClient`) hands a call here with `call(loop, endpoint, request, key, cache,
-rounds_after)` and waits for its answer."""
+concurrency. The client (`engines.llm.LLMClient`) hands a call here with
+`call_processes_of(loop).call(endpoint, request, cache_key, cache_path, rounds_after)` and awaits its answer."""
 
 from __future__ import annotations
 

@@ -85,7 +85,7 @@ def model_identity(model: ModelSpec) -> str:
 
 def endpoint_identity(model: ModelSpec, base_url: str) -> str:
     """The model as the endpoint that serves it: the bundled model's file hash, or the server's URL. What the stage
-    keys name (tasks/stages.model_identity, with the spec's URL: their values are pinned), and what call cache keys
+    keys name (tasks/stages.py `model_key`, with the spec's URL: their values are pinned), and what call cache keys
     named before `model_identity` (a cache written then still answers through it: LLMClient.legacy_identity)."""
     if model.backend == "embedded":
         return _embedded_identity(model)

@@ -1,1 +1,3 @@
-"""Prefect flows: experiment (and, later, sweep, eor_fit, analyze)."""
+"""The flows layer, above the stages: the experiment flow (execute: prepare, execute, record; its executor,
+recording, run summary and task runners), the sweep and scheduled flows, the analysis flow, the plan they run
+(pure), and the only use of Prefect's internals (prefect_internals)."""

@@ -19,7 +19,7 @@ case "${1:-}" in
   --fast) tier=fast; shift ;;
   --all) tier=all; shift ;;
 esac
-if [ "$tier" = fast ] && .venv/bin/python -c "import ragledger, pytest" >/dev/null 2>&1; then
+if [ "$tier" = fast ] && .venv/bin/python -I -c "import ragledger, core, engines, strategies, pytest" >/dev/null 2>&1; then
   echo "== fast tier (the existing .venv; bash infra/test.sh without --fast installs and runs everything)"
 else
   bash infra/setup.sh

@@ -1,5 +1,5 @@
 """What every `ragledger` command module shares: the two consoles, the one-line error exit, the user-error classes
-and the input preflight. ragledger/cli.py, cli_analysis.py and cli_ops.py import it; it imports none of them."""
+the input preflight and the stage progress bars. Every ragledger/cli*.py module imports it; it imports none of them."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The run log: where a command's tracebacks and Prefect's warnings and errors go, instead of the terminal.
 
 `ragledger run` names a log file (`.ragledger/logs/<command>-<time>-<pid>.log`) in RAGLEDGER_RUN_LOG before Prefect
-is imported; Prefect's logging config (ragledger/prefect_logging.yml, selected by ragledger.prefect_env) sends
+is imported; Prefect's logging config (ragledger/prefect_logging.yaml, selected by ragledger.prefect_env) sends
 WARNING and above there through `RunLogHandler`, in this process and in those it starts (Prefect's server, Dask
 workers), and keeps `TerminalFilter` on its console handler. A failed run then ends on the terminal with one
 `error:` line naming the log, not screens of task tracebacks above it (tests/test_reliability.py). The file is

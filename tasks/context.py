@@ -59,7 +59,7 @@ def llm_client_for(spec: ExperimentSpec, base_url: str, store_root: str, logprob
                      legacy_identity=endpoint_identity(spec.model, base_url))
 
 
-# Set in the worker processes of a local Dask cluster (flows.experiment.task_runner_for): how many processes
+# Set in the worker processes of a local Dask cluster (flows/runners.py task_runner_for): how many processes
 # share one endpoint, so that model.concurrency stays the bound on requests in flight for the whole run.
 PROCESSES_ENV = "RAGLEDGER_ENDPOINT_PROCESSES"
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_architecture import LAYERS
+
 REPO = Path(__file__).resolve().parents[1]
 ADAPTERS = {"prefect": "flows/prefect_internals.py", "mlflow": "tracking/mlflow/internals.py"}
 
@@ -79,7 +81,7 @@ def test_private_internals_are_touched_only_in_their_adapter(library):
     offenders = []
     for path in sorted(REPO.glob("*/**/*.py")):
         rel = path.relative_to(REPO).as_posix()
-        if rel.split("/")[0] not in {"ragledger", "tasks", "tracking", "flows", "schemas"} or path == adapter:
+        if rel.split("/")[0] not in LAYERS or path == adapter:
             continue
         text = path.read_text()
         if re.search(rf"\bfrom {library}\._|\bimport {library}\._|\b{library}(\.\w+)*\._internal", text):

@@ -307,7 +307,7 @@ def test_a_view_that_cannot_be_made_is_left_out_and_the_execution_still_logged(s
     view: the parent and cell runs are still logged and FINISHED, without those views; nothing stays pending."""
     from mlflow import MlflowClient
 
-    import tracking.mlflow.log as ml
+    import tracking.mlflow.views as ml
     from tracking.mlflow.runs import log_execution
 
     record = json.loads(Path(shared["summary"]["manifest"]).read_text())

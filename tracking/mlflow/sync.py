@@ -182,6 +182,3 @@ def _sync_one(store_root: str | Path, experiment: str, execution: str, manifest:
         result.logged.append(entry)
         if log is not None:
             log(entry)
-
-
-# ---- what makes MLflow the system of record: provenance, portable manifest, call pack, per-example views ----------

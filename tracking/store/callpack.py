@@ -25,7 +25,7 @@ from engines.llm_cache import LLMCallCache
 
 FORMAT = "ragledger-callpack"
 VERSION = 1
-ARTIFACT = "callpack/calls.jsonl.gz"  # where a parent run keeps its pack (tracking/mlflow/sync.py)
+ARTIFACT = "callpack/calls.jsonl.gz"  # where a parent run keeps its pack (tracking/mlflow/views.py)
 CACHE_FILE = "llm_cache.sqlite"  # the store's call cache (tasks/context.py opens <store>/llm_cache.sqlite)
 KEY_PATTERN = re.compile(r"^[0-9a-f]{16,64}$")
 # the fields of engines.llm_types.LLMResponse a cache entry holds (from_cache is set on reading)
