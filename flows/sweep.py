@@ -42,15 +42,15 @@ class SweepSummary:
 
 
 @flow(name="ragledger-sweep", version=FLOW_VERSION)
-def sweep_flow(sweep: SweepSpec, store_root: str, tracking_uri: str | None = None, base_url: str | None = None,
+def sweep_flow(spec: SweepSpec, store_root: str, tracking_uri: str | None = None, base_url: str | None = None,
                runner: str | None = None, workers: int | None = None, scheduler_address: str | None = None) -> dict:
     started = time.perf_counter()
-    experiments = sweep.expand()
-    summary = SweepSummary(sweep.name, flow_run_id=str(flow_run.id) if flow_run.id else None)
+    experiments = spec.expand()
+    summary = SweepSummary(spec.name, flow_run_id=str(flow_run.id) if flow_run.id else None)
     progress.set_total("experiments", len(experiments))
-    with shared_endpoint(sweep, base_url):
-        for spec in experiments:
-            result = run_experiment(spec, store_root, base_url=base_url, tracking_uri=tracking_uri,
+    with shared_endpoint(spec, base_url):
+        for experiment in experiments:
+            result = run_experiment(experiment, store_root, base_url=base_url, tracking_uri=tracking_uri,
                                     runner=runner, workers=workers, scheduler_address=scheduler_address)
             summary.experiments.append(result)
             progress.advance("experiments", 1)
