@@ -101,6 +101,8 @@ class LLMClient:
     def _legacy_key(self, req: LLMRequest) -> str | None:
         if self.legacy_identity is None or self.legacy_identity == self.model_identity:
             return None
+        if self.cache is None or not self.cache.may_hold_url_keys:  # a cache created since keys name the model
+            return None
         return _call_key(self.legacy_identity, self.endpoint.model, req)
 
     async def complete(self, req: LLMRequest, rounds_after: int = 0) -> LLMResponse:

@@ -1,7 +1,11 @@
 """Content-addressed cache of LLM calls, shared by every experiment using the same store.
 
-Key = hash(backend identity, model, system prompt, prompt, sampling params, sample index). SQLite in
+Key = hash(model identity, model, system prompt, prompt, sampling params, sample index) (engines/llm.py). SQLite in
 WAL mode lets several processes (parallel experiments, Dask workers) read and write it safely.
+
+Keys named an OpenAI-compatible server's URL before they named the model (engines/llm_types.py): a cache that may
+hold such keys (`may_hold_url_keys`: written before, or given a call pack) is asked for them on a miss; one created
+since is not, so a new store's calls cost one lookup each, as before.
 """
 
 from __future__ import annotations
@@ -38,6 +42,24 @@ class LLMCallCache:
             # instead of making it again (experiments started together on one store share their calls)
             self._conn.execute("CREATE TABLE IF NOT EXISTS llm_pending (key TEXT PRIMARY KEY, owner TEXT NOT NULL,"
                                " started REAL NOT NULL)")
+            self.may_hold_url_keys = self._key_format() != KEYS_BY_MODEL
+
+    def _key_format(self) -> str:
+        """What this cache's keys name: KEYS_BY_MODEL for a cache created empty since keys name the model, else
+        "mixed" (entries written before, or imported from a call pack)."""
+        self._conn.execute("CREATE TABLE IF NOT EXISTS llm_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            row = self._conn.execute("SELECT value FROM llm_meta WHERE name = 'keys'").fetchone()
+            if row is None:
+                empty = self._conn.execute("SELECT 1 FROM llm_calls LIMIT 1").fetchone() is None
+                row = (KEYS_BY_MODEL if empty else "mixed",)
+                self._conn.execute("INSERT INTO llm_meta (name, value) VALUES ('keys', ?)", row)
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        self._conn.execute("COMMIT")
+        return row[0]
 
     def get(self, key: str) -> dict[str, Any] | None:
         with self._lock:
@@ -102,11 +124,15 @@ class LLMCallCache:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
                 self._conn.executemany("INSERT OR IGNORE INTO llm_calls (key, response) VALUES (?, ?)", rows)
+                added = self._conn.total_changes - before
+                # a call pack may come from a store whose keys named the URL
+                self._conn.execute("INSERT OR REPLACE INTO llm_meta (name, value) VALUES ('keys', 'mixed')")
             except BaseException:
                 self._conn.execute("ROLLBACK")
                 raise
             self._conn.execute("COMMIT")
-            return self._conn.total_changes - before
+            self.may_hold_url_keys = True
+            return added
 
     def items(self) -> Iterator[tuple[str, dict[str, Any]]]:
         """Every (key, response), in key order (a whole-cache export)."""
@@ -124,6 +150,7 @@ class LLMCallCache:
             self._conn.close()
 
 
+KEYS_BY_MODEL = "model"
 OWNER = f"{socket.gethostname()}:{os.getpid()}"  # who holds a claim: a process of this machine can be checked
 
 

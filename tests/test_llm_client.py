@@ -90,15 +90,25 @@ def test_a_call_is_keyed_by_the_model_not_the_url_and_a_cache_keyed_by_url_still
         assert on(first, None).cache_key(req()) == stable_hash("llm-call", "openai-compatible:scripted", "scripted",
                                                                asdict(req()), length=40)
 
-        # a call cached under the URL's key, as every cache written before holds it
-        old = LLMCallCache(tmp_path / "old.sqlite")
+        # a call cached under the URL's key, as every cache written before holds it (written as that code did)
+        import json
+        import sqlite3
+
         url_key = stable_hash("llm-call", f"openai-compatible:{first.base_url}", "scripted", asdict(req("old")),
                               length=40)
-        old.put(url_key, {"text": "Rome", "mean_logprob": None, "tokens_in": 3, "tokens_out": 1, "latency_ms": 5.0})
+        with sqlite3.connect(tmp_path / "old.sqlite") as db:
+            db.execute("CREATE TABLE llm_calls (key TEXT PRIMARY KEY, response TEXT NOT NULL,"
+                       " created_at TEXT DEFAULT CURRENT_TIMESTAMP)")
+            db.execute("INSERT INTO llm_calls (key, response) VALUES (?, ?)", (url_key, json.dumps(
+                {"text": "Rome", "mean_logprob": None, "tokens_in": 3, "tokens_out": 1, "latency_ms": 5.0})))
+        old = LLMCallCache(tmp_path / "old.sqlite")
+        assert old.may_hold_url_keys and not cache.may_hold_url_keys  # a cache created since is never asked for them
         c = on(first, old)
         answered = run_on_engine(c.complete(req("old")))
         assert answered.text == "Rome" and answered.from_cache and first.calls == 1
         assert old.get(c.cache_key(req("old")))["text"] == "Rome"  # kept under the model's key from now on
+        cache.put_many([("0" * 40, {"text": "x", "mean_logprob": None, "tokens_in": 1, "tokens_out": 1, "latency_ms": 1.0})])
+        assert cache.may_hold_url_keys and LLMCallCache(tmp_path / "c.sqlite").may_hold_url_keys  # a pack may hold them
 
 
 def test_faults_are_retried_until_success():
