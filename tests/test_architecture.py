@@ -2,7 +2,9 @@
 
 - no import cycle between modules, counting every import in a module: at the top, inside functions (the lazy
   imports that keep `ragledger --help` fast) and under TYPE_CHECKING, relative imports resolved;
-- no function (or method, or nested function) longer than MAX_FUNCTION_LINES lines.
+- no function (or method, or nested function) longer than MAX_FUNCTION_LINES lines;
+- each package is one layer (LAYERS, bottom first) and imports only itself and the packages below it; inside
+  tracking, the same for its parts (TRACKING_PARTS).
 
 A failure names the cycle's modules or the function's file:name. Known offenders are listed below and only they
 are tolerated; an entry that no longer offends fails too, so the lists only shrink."""
