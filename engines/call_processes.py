@@ -14,15 +14,14 @@ import sys
 import threading
 from collections.abc import Coroutine
 from dataclasses import replace
-from pathlib import Path
 from typing import Any, TypeVar
 
+from core.paths import REPO_ROOT  # the model-call process imports the project's packages from here
 from engines.llm_types import BackendError, Endpoint, LLMRequest, LLMResponse
 from engines.model_call_process import encode, read_message
 
 T = TypeVar("T")
 
-REPO_ROOT = str(Path(__file__).resolve().parents[1])  # the model-call process imports the project's packages from here
 # calls to an endpoint that a call gave up on for a transport failure fail at once for this long (engines.llm_http)
 UNREACHABLE_FOR_S = 60.0
 # One model-call process per this many requests in flight, and at most one per core. One process's CPU per
@@ -69,7 +68,7 @@ class _CallProcess:
                 self._proc = await asyncio.create_subprocess_exec(
                     sys.executable, "-m", "engines.model_call_process", stdin=asyncio.subprocess.PIPE,
                     stdout=asyncio.subprocess.PIPE, preexec_fn=die_with_parent, limit=2**26,
-                    env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (REPO_ROOT, os.environ.get("PYTHONPATH"))))},
+                    env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO_ROOT), os.getenv("PYTHONPATH"))))},
                 )  # fmt: skip
                 self._reader = asyncio.ensure_future(self._read_answers(self._proc))
             return self._proc

@@ -10,6 +10,7 @@ since is not, so a new store's calls cost one lookup each, as before.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -46,15 +47,19 @@ class LLMCallCache:
 
     def _key_format(self) -> str:
         """What this cache's keys name: KEYS_BY_MODEL for a cache created empty since keys name the model, else
-        "mixed" (entries written before, or imported from a call pack)."""
+        "mixed" (entries written before, or imported from a call pack). Recorded once, on the first open since; an
+        open after that only reads it."""
+        with contextlib.suppress(sqlite3.OperationalError):  # no llm_meta yet: a cache written before
+            row = self._conn.execute("SELECT value FROM llm_meta WHERE name = 'keys'").fetchone()
+            if row is not None:
+                return row[0]
         self._conn.execute("CREATE TABLE IF NOT EXISTS llm_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)")
         self._conn.execute("BEGIN IMMEDIATE")
         try:
+            empty = self._conn.execute("SELECT 1 FROM llm_calls LIMIT 1").fetchone() is None
+            self._conn.execute("INSERT OR IGNORE INTO llm_meta (name, value) VALUES ('keys', ?)",
+                               (KEYS_BY_MODEL if empty else "mixed",))
             row = self._conn.execute("SELECT value FROM llm_meta WHERE name = 'keys'").fetchone()
-            if row is None:
-                empty = self._conn.execute("SELECT 1 FROM llm_calls LIMIT 1").fetchone() is None
-                row = (KEYS_BY_MODEL if empty else "mixed",)
-                self._conn.execute("INSERT INTO llm_meta (name, value) VALUES ('keys', ?)", row)
         except BaseException:
             self._conn.execute("ROLLBACK")
             raise

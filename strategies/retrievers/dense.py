@@ -36,7 +36,7 @@ def read_faiss(path: Path):
     file pages in the page cache, not this process's own memory; the search is the same), else read whole."""
     import faiss
 
-    for flags in (faiss.IO_FLAG_MMAP_IFC, faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY, 0):
+    for flags in (faiss.IO_FLAG_MMAP_IFC, faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY):
         try:
             return faiss.read_index(str(path), flags)
         except RuntimeError:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from core.paths import REPO_ROOT
 from core.secrets import redact_url
 from engines.llm_types import model_identity
 from tracking.mlflow.log import MlflowLogger
@@ -188,9 +189,6 @@ class ExecutionViews:
 
 
 # ---- what the views are made of ------------------------------------------------------------------------------
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
 
 def git_provenance(repo: Path = REPO_ROOT) -> dict[str, str]:
     """MLflow's source tags for the code that ran, when it runs from a git checkout (nothing otherwise). The remote
