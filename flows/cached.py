@@ -16,6 +16,7 @@ from typing import Any
 from core.paths import StoreLayout
 from flows.plan import ExperimentPlan, plan, questions_segment_for
 from schemas.spec import AnySpec, ExperimentSpec, parse_spec
+from tracking.store.catalog import segment_exists
 from tracking.store.events import event_id
 
 # what a rerun served from the caches reports (it made no call and ran no task)
@@ -72,11 +73,11 @@ def cached_result(spec: dict[str, Any] | AnySpec, store: str | Path | None = Non
         return None
     store_root = str(store or spec.tracking.store)
     questions = spec.dataset.sampled_questions()
-    if not Path(questions_segment_for(spec, questions, store_root)).exists():
+    if not segment_exists(questions_segment_for(spec, questions, store_root)):
         return None  # a first run: decided before the plan reads the corpus for its hash
     the_plan = plan(spec, questions, store_root=store_root)
     expected = outcome_segments(the_plan)
-    if not all(Path(p).exists() for paths in expected.values() for p in paths):
+    if not all(segment_exists(p) for paths in expected.values() for p in paths):
         return None
     record = matching_manifest(store_root, the_plan, expected)
     if record is None:

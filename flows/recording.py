@@ -20,6 +20,7 @@ from tracking.analysis.metrics import METRICS_VERSION, cached_cell_metrics, cell
 from tracking.analysis.readers_table import readers_table, write_readers_table
 from tracking.mlflow.log import safe_spec
 from tracking.mlflow.sync import MlflowLoggingPending, publish, sync
+from tracking.store.compaction import compact_experiment
 from tracking.store.events import EventStore, stable_hash
 
 
@@ -94,4 +95,7 @@ def record_run(done: Executed, run: RunContext, accounting: Accounting, clock: S
         summary.mlflow_parent_run_id = logged["parent"]
         summary.mlflow_cell_run_ids = logged["cells"]
         summary.mlflow_experiment_id = logged["experiment_id"]
+    if spec.tracking.compact:  # the execution is complete: its segments become one pack per kind
+        compact_experiment(EventStore(store_root), spec.name)
+        clock.lap("compact")
     return summary

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from schemas.spec import AnySpec, ExperimentSpec
+from tracking.store.catalog import segment_exists
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -187,7 +188,7 @@ def _persisted_check(the_plan: ExperimentPlan) -> Callable[[str], bool]:
     the API not being up yet). Those files outlive a deleted store, but the flow runs again every stage whose segment
     is gone (flows/pipeline.py): with the run's questions segment gone too, none of them counts."""
     results = Path(os.environ["PREFECT_LOCAL_STORAGE_PATH"])
-    stored = Path(the_plan.questions_segment).exists()
+    stored = segment_exists(the_plan.questions_segment)
     return lambda key: stored and (results / key).exists()
 
 

@@ -248,6 +248,10 @@ from ragledger.cli_analysis import register as _register_analysis  # noqa: E402
 
 _register_analysis(app)
 # operating it: the local Prefect server, schedules, flow runs (ragledger/cli_ops.py)
+# across experiments: history, leaderboard, diff (ragledger/cli_history.py)
+from ragledger.cli_history import register as _register_history  # noqa: E402
+
+_register_history(app)
 from ragledger.cli_ops import register as _register_ops  # noqa: E402
 
 _register_ops(app)

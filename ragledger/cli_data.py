@@ -132,6 +132,35 @@ def store_verify(store: Annotated[str, typer.Option(help="event store directory"
     raise typer.Exit(1 if problems else 0)
 
 
+@store_app.command("compact")
+def store_compact(
+    store: Annotated[str, typer.Option(help="event store directory")] = DEFAULT_STORE,
+    experiment: Annotated[list[str] | None, typer.Option("--experiment", "-e",
+                                                          help="only this experiment; repeat for more")] = None,
+) -> None:
+    """Rewrite each experiment's segments of each kind into one pack (the same events, the same answers to every
+    query; a run does it for its own experiment at its end unless its spec says tracking.compact: false)."""
+    from tracking.store.catalog import CatalogError
+    from tracking.store.compaction import compact_store, record_files
+    from tracking.store.events import EventStore
+
+    if not Path(store).is_dir():
+        fail(f"--store {store}: no such directory")
+    events = EventStore(store)
+    known = {e for kind in ("questions", "outcomes", "generations", "retrievals", "votes") for e in events.experiments(kind)}
+    unknown = sorted(set(experiment or ()) - known)
+    if unknown:
+        fail(f"--experiment {unknown[0]}: no such experiment in {store}")
+    files_before = record_files(events)
+    with stage_progress():
+        try:
+            r = compact_store(events, experiment or None)
+        except CatalogError as exc:
+            fail(str(exc))
+    console.print(f"{r.experiments} experiment(s) compacted, {r.rows:,} events packed in {r.seconds:.1f} s; "
+                  f"record files {files_before:,} -> {record_files(events):,}")
+
+
 @models_app.command("list")
 def models_list() -> None:
     """List the bundled models and whether they are installed."""

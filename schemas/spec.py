@@ -145,6 +145,9 @@ class TrackingSpec(_Strict):
     store: str = Field(".ragledger/store", description="event store directory")
     mlflow_uri: str | None = Field(None, description="tracking URI; default: SQLite under .ragledger/")
     mlflow_experiment: str | None = Field(None, description="MLflow experiment name; default: spec name")
+    compact: bool = Field(True, description="at the end of each run, compact the experiment's record segments into "
+                          "one pack per kind (tracking/store/compaction.py); the events and every query's answer stay "
+                          "the same")
 
     @field_validator("mlflow_uri")
     @classmethod

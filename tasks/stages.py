@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 from core.cell import Cell
 from engines.llm_types import endpoint_identity
 from schemas.spec import ExperimentSpec
+from tracking.store.catalog import segment_exists
 from tracking.store.events import EventStore, stable_hash
 
 # the flow version the first key of every chain carries (filter, retrieve): bumping it re-runs every stage
@@ -48,7 +49,7 @@ class StageResult:
     pid: int = field(default_factory=os.getpid)  # the process that ran it: the flow's, or a Dask worker's
 
     def segment_exists(self) -> bool:
-        return self.segment is None or Path(self.segment).exists()
+        return self.segment is None or segment_exists(self.segment)  # as its own file or compacted into a pack
 
 
 def shard_id(qids: Sequence[str]) -> str:

@@ -16,7 +16,7 @@ import pytest
 import tracking.analysis.query as tq
 from tests.test_events import outcome_rows
 from tracking.analysis import overlaps
-from tracking.store.events import PROJECTIONS_DIR, EventStore, new_events
+from tracking.store.events import PROJECTIONS_DIR, EventStore, event_id, new_events
 
 
 def write(store: EventStore, rows: list[dict], experiment: str = "exp", shift_s: float = 0.0) -> Path:
@@ -51,18 +51,19 @@ def same(a: pd.DataFrame, b: pd.DataFrame) -> None:
 @pytest.fixture
 def overlapping_store(tmp_path):
     """exp: A (q0-q4), B (q3-q6, written later but stamped an hour earlier: its q3, q4 are the earliest
-    copies), C (q7-q9, shares nothing); other: D (q0-q2 under another experiment, with A's event ids:
-    a view over every experiment shows them once, as before)."""
+    copies), C (q7-q9, shares nothing); other: D (q0-q2 under another experiment: ids hash the experiment,
+    so they are other events than A's)."""
     store = EventStore(tmp_path)
+    other = [{**r, "event_id": event_id("outcomes", "other", r["cell"], i)} for i, r in enumerate(outcome_rows(3))]
     segs = {"A": write(store, outcome_rows(5)), "B": write(store, outcome_rows(4, start=3), shift_s=-3600),
-            "C": write(store, outcome_rows(3, start=7)), "D": write(store, outcome_rows(3), experiment="other")}
+            "C": write(store, outcome_rows(3, start=7)), "D": write(store, other, experiment="other")}
     return tmp_path, segs
 
 
 def test_views_equal_a_full_dedupe_and_keep_the_earliest_copy(overlapping_store):
     root, segs = overlapping_store
     ref = reference(root)
-    assert len(ref) == 10 and len(reference(root, "other")) == 3  # q0-q9; D's events are A's
+    assert len(ref) == 13 and len(reference(root, "other")) == 3  # exp's q0-q9 and other's q0-q2
     same(viewed(root), ref)
     same(viewed(root, "exp"), reference(root, "exp"))
     same(viewed(root, "other"), reference(root, "other"))
@@ -77,12 +78,12 @@ def test_overlap_projection_is_cached_per_scope_and_rebuildable(overlapping_stor
     root, segs = overlapping_store
     viewed(root, "exp")
     first = viewed(root)
+    # one projection per experiment with several segments, which the view over every experiment uses too
     cached = sorted((root / PROJECTIONS_DIR).rglob("overlaps-*.json"))
-    assert [p.parent.relative_to(root / PROJECTIONS_DIR).as_posix() for p in cached] == ["outcomes/@all", "outcomes/exp"]
+    assert [p.parent.relative_to(root / PROJECTIONS_DIR).as_posix() for p in cached] == ["outcomes/exp"]
     rel = {k: p.relative_to(root).as_posix() for k, p in segs.items()}
-    assert json.loads(cached[1].read_text())["overlapping"] == [rel["A"], rel["B"]]
     exp = json.loads(cached[0].read_text())
-    assert exp["overlapping"] == sorted([rel["A"], rel["B"], rel["D"]])
+    assert exp["overlapping"] == [rel["A"], rel["B"]]
     same(viewed(root), first)  # from the cache
     same(viewed(root, use_cache=False), first)  # recomputed without it
     shutil.rmtree(root / PROJECTIONS_DIR)  # deleting every projection and rebuilding gives the same answers

@@ -22,10 +22,10 @@ from tracking.store.events import (
     CHECKSUM_KEY,
     KIND_KEY,
     EventStore,
-    _parquet_roundtrip_checksum,
     event_id,
     new_events,
     stable_hash,
+    written_checksum,
 )
 
 EXP = "mixed"
@@ -72,7 +72,7 @@ def write_strategy_named(store: EventStore, kind: str, rows: list[dict]):
     df = validate_records(kind, new_events(kind, EXP, rows)).rename(columns={"reader": "strategy"})
     table = pa.Table.from_pandas(df.reset_index(drop=True), preserve_index=False)
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), KIND_KEY: kind.encode(),
-                                           CHECKSUM_KEY: _parquet_roundtrip_checksum(table).encode()})
+                                           CHECKSUM_KEY: written_checksum(table).encode()})
     path = store.kind_dir(kind, EXP) / f"seg-{stable_hash(kind, sorted(df['event_id']), length=24)}.parquet"
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, path, compression="zstd")

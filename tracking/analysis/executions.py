@@ -13,6 +13,7 @@ import pandas as pd
 from core.cell import Cell, is_ensemble_retriever
 from core.paths import StoreLayout
 from tracking.analysis.inconsistency import AnalysisError
+from tracking.store.catalog import segment_exists
 from tracking.store.events import EventStore
 
 
@@ -38,9 +39,9 @@ def load_outcomes(store_root: str | Path, experiment: str, execution: dict | Non
     store = EventStore(store_root)
     if execution is not None:
         paths = sorted({p for segs in execution.get("segments", {}).values() for p in segs.get("outcomes", [])})
-        existing = [Path(p) for p in paths if Path(p).exists()]
+        existing = [Path(p) for p in paths if segment_exists(p)]
         if paths and len(existing) < len(paths):
-            missing = next(p for p in paths if not Path(p).exists())
+            missing = next(p for p in paths if not segment_exists(p))
             raise AnalysisError(f"{execution.get('manifest_path')}: outcome segment {missing} is missing from the store")
         if existing:
             return store.read("outcomes", paths=existing)

@@ -14,6 +14,7 @@ import pandas as pd
 from core.cell import is_ensemble_retriever
 from tracking.analysis.executions import latest_execution
 from tracking.analysis.query import records_for
+from tracking.store.catalog import segment_exists
 
 CHAIN_KINDS = ("retrievals", "generations", "votes")
 
@@ -24,7 +25,7 @@ def chain_records(store_root: str | Path, experiment: str, qids: list[str]) -> d
     segs = (latest_execution(store_root, experiment) or {}).get("segments", {})
     out = {}
     for kind in CHAIN_KINDS:
-        paths = sorted({p for cell in segs.values() for p in cell.get(kind, []) if Path(p).exists()}) if segs else None
+        paths = sorted({p for cell in segs.values() for p in cell.get(kind, []) if segment_exists(p)}) if segs else None
         out[kind] = records_for(store_root, kind, qids, experiment, paths)
     return out
 

@@ -30,6 +30,7 @@ from pathlib import Path
 import duckdb
 
 from schemas.records import RENAMED_COLUMNS, columns_of, schema_of
+from tracking.store.catalog import SEGMENTS_COLUMN, load_catalog
 from tracking.store.events import PROJECTIONS_DIR, EventStore, stable_hash, write_text_atomically
 
 PROJECTION_VERSION = "overlap-2"
@@ -80,11 +81,27 @@ def current_names_select(kind: str, select: str) -> str:
     return select
 
 
+def is_pack(path: str | Path) -> bool:
+    """A compacted experiment's pack (tracking/store/compaction.py), rather than a segment."""
+    return Path(path).name.startswith("pack-")
+
+
+def without_bookkeeping(select: str, files: Sequence[str]) -> str:
+    """`select` over `files` without the packs' `_segments` column, when one of the files is a pack."""
+    if not any(is_pack(f) for f in files):
+        return select
+    return f'SELECT * EXCLUDE ("{SEGMENTS_COLUMN}") FROM ({select})'
+
+
 def dedupe_select(files: Sequence[str], where: str = "") -> str:
     """Each event once among `files`: the earliest written copy (ties: the first file by name).
     Every kind has qid and one event has one qid, so partitioning by (qid, event_id) is the same dedupe
     as by event_id, but lets DuckDB push a `WHERE qid = ...` below the window; `where` (a condition on
     qid only) is applied before the window for the same reason."""
+    return without_bookkeeping(_dedupe(files, where), files)
+
+
+def _dedupe(files: Sequence[str], where: str = "") -> str:
     return (f"SELECT * EXCLUDE (rn, filename) FROM (SELECT *, row_number() OVER "
             f"(PARTITION BY qid, event_id ORDER BY created_at, filename) AS rn "
             f"FROM read_parquet({sql_list(files)}, union_by_name = true, filename = true)"
@@ -199,17 +216,44 @@ def overlap_projection(con: duckdb.DuckDBPyConnection, store: EventStore, kind: 
     return overlapping
 
 
-def view_select(con: duckdb.DuckDBPyConnection, files: Sequence[str], overlapping: set[str]) -> str:
-    """SELECT showing each event of `files` once, given which of them overlap (absolute or store paths)."""
+def view_select(con: duckdb.DuckDBPyConnection, files: Sequence[str], overlapping: set[str],
+                uniform: bool = False) -> str:
+    """SELECT showing each event of `files` once, given which of them overlap (absolute or store paths). `uniform`:
+    every file has the same columns in the same order (packs of one layout), so DuckDB reads one file's schema
+    instead of unifying every file's."""
     clean = [f for f in files if f not in overlapping]
     dup = [f for f in files if f in overlapping]
     if not dup:
-        return f"SELECT * FROM read_parquet({sql_list(clean)}, union_by_name = true)"
+        union = "false" if uniform else "true"
+        return without_bookkeeping(f"SELECT * FROM read_parquet({sql_list(clean)}, union_by_name = {union})", files)
     if not clean:
         return dedupe_select(dup)
     # the same columns, in the same order, as one read_parquet over every file would give
     described = con.execute(f"DESCRIBE SELECT * FROM read_parquet({sql_list(files)}, union_by_name = true)").fetchall()
     cols = [r[0] for r in described]
     select = ", ".join('"' + c.replace('"', '""') + '"' for c in cols)
-    return (f"SELECT {select} FROM (SELECT * FROM read_parquet({sql_list(clean)}, union_by_name = true) "
-            f"UNION ALL BY NAME {dedupe_select(dup)})")
+    return without_bookkeeping(f"SELECT {select} FROM (SELECT * FROM read_parquet({sql_list(clean)}, union_by_name = "
+                               f"true) UNION ALL BY NAME {_dedupe(dup)})", files)
+
+
+def kind_select(con: duckdb.DuckDBPyConnection, store: EventStore, kind: str, experiments: Sequence[str] | None,
+                use_cache: bool = True) -> tuple[str | None, list[str]]:
+    """The SELECT of a view of one kind over the experiments (every one for None), each event once, and the files
+    it reads; (None, []) when they hold no such events. Events of two experiments never share an id (the id hashes
+    the experiment), so overlaps are looked for within each experiment, and only where it has several files: a
+    compacted experiment has one, and costs no look at all."""
+    files: list[Path] = []
+    overlapping: set[str] = set()
+    layouts = set()
+    for name in experiments if experiments is not None else store.experiments(kind):
+        segments = store.segments(kind, name)
+        files += segments
+        if len(segments) > 1:
+            overlapping |= {str(store.root / rel) for rel in overlap_projection(con, store, kind, name, segments,
+                                                                                use_cache)}
+        entry = load_catalog(store.root, name).entry(kind)
+        layouts.add(entry.columns if entry is not None and len(segments) == 1 else None)
+    if not files:
+        return None, []
+    paths = [str(f) for f in files]
+    return view_select(con, paths, overlapping, uniform=None not in layouts and len(layouts) == 1), paths

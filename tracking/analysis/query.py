@@ -17,39 +17,36 @@ import duckdb
 import pandas as pd
 
 from schemas.records import RECORD_MODELS, columns_of, current_names
-from tracking.analysis.overlaps import (
-    current_names_select,
-    dedupe_select,
-    empty_select,
-    overlap_projection,
-    sql_list,
-    view_select,
-)
+from tracking.analysis.overlaps import current_names_select, dedupe_select, empty_select, kind_select, sql_list
+from tracking.store.catalog import SEGMENTS_COLUMN, packed_in
 from tracking.store.events import EventStore
 
 
 def connect(store_root: str | Path, experiment: str | None = None, use_cache: bool = True,
-            read_only: bool = False) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB connection with views questions, retrievals, generations, votes, outcomes.
+            read_only: bool = False, experiments: Sequence[str] | None = None) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection with views questions, retrievals, generations, votes, outcomes over one
+    experiment, the named `experiments`, or the whole store: only their files are opened.
 
     `use_cache=False` recomputes the overlap projections instead of reading (or writing) them. `read_only` confines
-    the connection, once its views exist, to reading the segments they cover (`confine`)."""
+    the connection, once its views exist, to reading the files they cover (`confine`)."""
     store = EventStore(store_root)
-    con = duckdb.connect(":memory:")
-    covered: list[str] = []
-    for kind in RECORD_MODELS:
-        segments = store.segments(kind, experiment)
-        if segments:
-            overlapping = overlap_projection(con, store, kind, experiment, segments, use_cache)
-            files = {str(p): p.relative_to(store.root).as_posix() for p in segments}
-            select = view_select(con, list(files), {f for f, rel in files.items() if rel in overlapping})
-            con.execute(f"CREATE VIEW {kind} AS {current_names_select(kind, select)}")
-            covered += files
-        else:
-            con.execute(f"CREATE VIEW {kind} AS {current_names_select(kind, empty_select(kind))}")
-    if read_only:
-        confine(con, covered)
-    return con
+    scope = [experiment] if experiment else (list(experiments) if experiments is not None else None)
+    for attempt in range(3):
+        con = duckdb.connect(":memory:")
+        try:
+            covered: list[str] = []
+            for kind in RECORD_MODELS:
+                select, files = kind_select(con, store, kind, scope, use_cache)
+                con.execute(f"CREATE VIEW {kind} AS {current_names_select(kind, select or empty_select(kind))}")
+                covered += files
+            if read_only:
+                confine(con, covered)
+            return con
+        except (duckdb.IOException, FileNotFoundError):  # a compaction replaced a file meanwhile: list again
+            con.close()
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
 
 
 class ReadOnlyQueryError(duckdb.Error):
@@ -86,11 +83,16 @@ def query(store_root: str | Path, sql: str, experiment: str | None = None) -> pd
         check_read_only(con, sql)  # before the views are built: a refused statement costs nothing
     finally:
         con.close()
-    con = connect(store_root, experiment, read_only=True)
-    try:
-        return con.execute(sql).fetch_df()
-    finally:
-        con.close()
+    for attempt in range(3):
+        con = connect(store_root, experiment, read_only=True)
+        try:
+            return con.execute(sql).fetch_df()
+        except duckdb.IOException:  # a file of the views was replaced by a compaction since they were made
+            if attempt == 2:
+                raise
+        finally:
+            con.close()
+    raise AssertionError("unreachable")
 
 
 def outcomes(store_root: str | Path, experiment: str | None = None) -> pd.DataFrame:
@@ -104,13 +106,29 @@ def records_for(store_root: str | Path, kind: str, qids: Sequence[str], experime
     execution's segments) when given, else from every segment of the experiment (or store). Columns of an earlier
     name read under their name now (schemas/records.current_names)."""
     store = EventStore(store_root)
-    files = [str(p) for p in paths] if paths is not None else [str(p) for p in store.segments(kind, experiment)]
-    if not files or not qids:
+    if not qids:
+        return pd.DataFrame(columns=columns_of(kind))
+    if paths is None:
+        files, packed = [str(p) for p in store.segments(kind, experiment)], {}
+    else:
+        files, packed = [], {}
+        for p in paths:
+            pack = packed_in(p)
+            if pack is None:
+                files.append(str(p))
+            else:
+                packed.setdefault(str(pack), []).append(Path(p).name)
+    if not files and not packed:
         return pd.DataFrame(columns=columns_of(kind))
     con = duckdb.connect(":memory:")
     try:
         con.execute("CREATE TEMP TABLE wanted (qid VARCHAR)")
         con.executemany("INSERT INTO wanted VALUES (?)", [(str(q),) for q in dict.fromkeys(qids)])
-        return current_names(con.execute(dedupe_select(files, "qid IN (SELECT qid FROM wanted)")).fetch_df())
+        where = "qid IN (SELECT qid FROM wanted)"
+        parts = [dedupe_select(files, where)] if files else []
+        parts += [f'SELECT * EXCLUDE ("{SEGMENTS_COLUMN}") FROM read_parquet({sql_list([pack])}) WHERE {where} '
+                  f'AND list_has_any("{SEGMENTS_COLUMN}", {sql_list(names)})' for pack, names in packed.items()]
+        df = current_names(con.execute(" UNION ALL BY NAME ".join(parts)).fetch_df())
+        return df.drop_duplicates("event_id", keep="first").reset_index(drop=True)
     finally:
         con.close()

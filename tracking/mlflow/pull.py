@@ -36,6 +36,7 @@ from core.secrets import redact_url
 from tracking.mlflow.log import EXECUTION_TAG
 from tracking.mlflow.runs import MANIFEST_ARTIFACT, RUN_STATS
 from tracking.store import callpack
+from tracking.store.catalog import segment_exists
 
 PULL_DIR = ".pull"
 SPEC_ARTIFACT = "spec.yaml"
@@ -404,7 +405,7 @@ def _stage(client: Any, ex: _Execution, experiment: str, store: Path, result: Pu
     try:
         for (kind, name), (run_id, artifact) in sorted(ex.segments.items()):
             staged = ex.stage / kind / name
-            if (store / kind / experiment / name).exists() or staged.exists():
+            if segment_exists(store / kind / experiment / name) or staged.exists():
                 result.reused += 1
                 continue
             local = _download(client, run_id, artifact, tmp, _what(ex, run_id))
@@ -508,7 +509,7 @@ def _move_in(ex: _Execution, store: Path, experiment: str, tracking_uri: str, re
         staged, target = ex.stage / kind / name, store / kind / experiment / name
         if not staged.exists():
             continue  # the store had it
-        if target.exists():  # the same name holds the same events
+        if segment_exists(target):  # the same name holds the same events (as a file, or compacted)
             staged.unlink()
             continue
         target.parent.mkdir(parents=True, exist_ok=True)

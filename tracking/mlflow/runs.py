@@ -70,8 +70,7 @@ def log_execution(tracking_uri: str, execution: str, record: dict[str, Any],
         cell_params.update({"retriever": retriever, "reader": reader, "model": model})
         logger.log(run_id, params=cell_params, metrics={k: v for k, v in metrics.items() if isinstance(v, int | float)},
                    tags=views.provenance())
-        for kind, files in record.get("segments", {}).get(cell, {}).items():
-            logger.log_artifacts(run_id, files, f"records/{kind}")
+        _log_segments(logger, run_id, record.get("segments", {}).get(cell, {}))
         views.log_dataset(logger, run_id)
         views.log_outcomes(logger, run_id, cell)
         logger.end(run_id)
@@ -102,13 +101,23 @@ def _log_parent(logger: Any, views: ExecutionViews, parent: str, spec_dict: dict
     return params
 
 
+def _log_segments(logger: Any, run_id: str, segments: dict[str, list[str]]) -> None:
+    """A run's record segments as artifacts, `records/<kind>/seg-*.parquet`; a compacted experiment's are written
+    out of their packs for the upload (tracking/store/events.segment_files)."""
+    from tracking.store.events import segment_files
+
+    for kind, files in segments.items():
+        with segment_files(files) as paths:
+            logger.log_artifacts(run_id, paths, f"records/{kind}")
+
+
 def _finish_parent(logger: Any, views: ExecutionViews, parent: str, cells: dict[str, str], execution: str) -> None:
     """The parent run's views once every cell run is logged (traces link to the cell runs), then its manifest and
     its end."""
     record, store = views.record, views.store_root
     logger.log_text(parent, json.dumps(record["summary"]["cells"], indent=2, default=str), "analysis/summary.json")
     logger.log_artifacts(parent, record.get("analysis_files") or [], "analysis")
-    logger.log_artifacts(parent, record.get("closed_book_filter_segments") or [], "records/generations")
+    _log_segments(logger, parent, {"generations": record.get("closed_book_filter_segments") or []})
     views.log_callpack(logger, parent, execution)
     views.log_traces(logger, parent, cells, execution)
     # the manifest last: a pull takes an execution whose parent run is FINISHED and has it

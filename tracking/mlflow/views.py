@@ -14,6 +14,7 @@ from core.paths import REPO_ROOT
 from core.secrets import redact_url
 from engines.llm_types import model_identity
 from tracking.mlflow.log import MlflowLogger
+from tracking.store.catalog import segment_exists
 
 
 def store_of(record: dict[str, Any]) -> Path | None:
@@ -63,7 +64,7 @@ class ExecutionViews:
     def _segments(self, kind: str, cell: str | None = None) -> list[Path]:
         cells = [cell] if cell else list(self.record.get("segments", {}))
         found = {Path(f) for c in cells for f in self.record.get("segments", {}).get(c, {}).get(kind, []) if f}
-        return sorted(p for p in found if p.exists())
+        return sorted(p for p in found if segment_exists(p))
 
     def _prepared(self, what: str, make: Callable[[], Any]) -> Any:
         try:

@@ -58,13 +58,14 @@ def cache_path(store_root: str | Path) -> Path:
 def calls_of_segments(segments: Iterable[str | Path]) -> dict[str, dict[str, Any]]:
     """Cache key -> what was asked (model, role, sample index, prompt hash), over generation segments. The
     generation records' call_id is the call's cache key (tasks/generate.py)."""
-    import pyarrow.parquet as pq
+    from tracking.store.catalog import segment_exists
+    from tracking.store.events import segment_table
 
     calls: dict[str, dict[str, Any]] = {}
     for seg in segments:
-        if not seg or not Path(seg).exists():
+        if not seg or not segment_exists(seg):
             continue
-        table = pq.read_table(seg, columns=list(REQUEST_COLUMNS))
+        table = segment_table(seg, columns=list(REQUEST_COLUMNS))
         for row in table.to_pylist():
             key = row.pop("call_id")
             calls.setdefault(key, row)

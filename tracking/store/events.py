@@ -4,13 +4,20 @@ Layout: <root>/<kind>/<experiment>/seg-<hash>.parquet. A segment's name is the h
 ids it holds, so writing the same events twice finds the segment already there (a no-op). Each
 segment carries a checksum of its rows in the Parquet key-value metadata, so `verify` can detect
 a truncated or altered file without a sidecar that could fall out of step with it.
+
+A compacted experiment keeps a kind's events in one pack, `pack-<hash>.parquet` beside the segments, named with the
+segments it replaced by the experiment's catalog (tracking/store/catalog.py says how readers choose the files).
+Every method here takes a segment's path whether it is a file or compacted into a pack.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
 import re
-from collections.abc import Iterable
+import tempfile
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,6 +35,15 @@ from core.diskfull import write_text_atomically as write_text_atomically  # re-e
 from core.hashing import stable_hash as stable_hash  # re-exported: ids and keys across tasks/ and flows/
 from core.processes import pid_alive
 from schemas.records import RECORD_MODELS, SCHEMA_VERSION, columns_of, current_names, validate_records
+from tracking.store.catalog import (
+    CATALOG_DIR,
+    SEGMENTS_COLUMN,
+    CatalogError,
+    catalog_path,
+    load_catalog,
+    packed_in,
+    segment_of,
+)
 
 # derived, rebuildable views of the segments (overlap sets, cell metrics) live under <store>/projections/
 PROJECTIONS_DIR = "projections"
@@ -66,10 +82,92 @@ def _table_checksum(table: pa.Table) -> str:
     return hashlib.sha256(sink.getvalue().to_pybytes()).hexdigest()
 
 
-def _parquet_roundtrip_checksum(table: pa.Table) -> str:
+def written_checksum(table: pa.Table) -> str:
     buf = pa.BufferOutputStream()
     pq.write_table(table, buf, compression="zstd")
     return _table_checksum(pq.read_table(pa.BufferReader(buf.getvalue())))
+
+
+def earliest_copies(df: pd.DataFrame) -> pd.DataFrame:
+    """Each event once, in the rows' order: of copies of one event (overlapping segments) the earliest written, ties
+    by the order of the rows, the same copy the views show (tracking/analysis/overlaps.py) and a pack keeps."""
+    if not df["event_id"].duplicated().any():
+        return df.reset_index(drop=True)
+    keep = df.sort_values("created_at", kind="stable").drop_duplicates("event_id", keep="first").index
+    return df.loc[sorted(keep)].reset_index(drop=True)
+
+
+def segment_table(path: str | Path, columns: list[str] | None = None) -> pa.Table:
+    """One segment's rows (of `columns`), from its own file or from the pack it was compacted into."""
+    pack = packed_in(path)
+    if pack is None:
+        return pq.read_table(path, columns=columns)
+    table = pq.read_table(pack, columns=None if columns is None else [*columns, SEGMENTS_COLUMN])
+    table = table.filter(_held_by(table.column(SEGMENTS_COLUMN), {Path(path).name}))
+    return table.drop_columns([SEGMENTS_COLUMN])
+
+
+@contextlib.contextmanager
+def segment_files(paths: Iterable[str | Path | None]) -> Iterator[list[Path]]:
+    """The segments at `paths` as files of their own, for a tool that uploads files (MLflow's artifacts): a
+    compacted one is written again from its pack (the same events, so the same name) into a temporary folder that
+    is removed on exit. A path the store does not hold is left out."""
+    with tempfile.TemporaryDirectory(prefix="ragledger-segments-") as tmp:
+        files = []
+        for p in paths:
+            if not p:
+                continue
+            pack = packed_in(p)
+            if pack is None:
+                if Path(p).exists():
+                    files.append(Path(p))
+                continue
+            _, kind, _, name = segment_of(p)
+            written = EventStore(tmp).write(kind, read_file(pack, {name}))
+            if written is None or written.name != name:
+                raise ValueError(f"{pack}: the events it holds for {name} are not that segment's")
+            files.append(written)
+        yield files
+
+
+def read_file(path: str | Path, segments: set[str] | None = None) -> pd.DataFrame:
+    """One segment file's events, or a pack's: all of them, or those of the named `segments` (its `_segments`
+    column says which segments held each event; the column itself is the pack's bookkeeping, not an event's)."""
+    table = pq.read_table(path)
+    if SEGMENTS_COLUMN in table.schema.names:
+        if segments is not None:
+            table = table.filter(_held_by(table.column(SEGMENTS_COLUMN), segments))
+        table = table.drop_columns([SEGMENTS_COLUMN])
+    return current_names(table.to_pandas())
+
+
+def _held_by(lists: pa.ChunkedArray, segments: set[str]) -> pa.Array:
+    """For each row, whether one of its segment names is in `segments`."""
+    import pyarrow.compute as pc
+
+    lists = lists.combine_chunks()
+    hit = pc.is_in(pc.list_flatten(lists), value_set=pa.array(sorted(segments), pa.string()))
+    rows = pc.unique(pc.filter(pc.list_parent_indices(lists), hit))
+    mask = [False] * len(lists)
+    for i in rows.to_pylist():
+        mask[i] = True
+    return pa.array(mask, pa.bool_())
+
+
+def table_problem(kind: str, table: pa.Table) -> str | None:
+    """What is wrong with a stored file's rows (checksum, then schema), or None."""
+    stored = (table.schema.metadata or {}).get(CHECKSUM_KEY, b"").decode()
+    if not stored:
+        return "no checksum in metadata"
+    if _table_checksum(table) != stored:
+        return "checksum mismatch (altered after writing)"
+    if SEGMENTS_COLUMN in table.schema.names:
+        table = table.drop_columns([SEGMENTS_COLUMN])
+    try:
+        validate_records(kind, table.to_pandas())
+    except Exception as exc:
+        return f"schema: {exc}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -100,11 +198,11 @@ class EventStore:
         ids = sorted(df["event_id"].tolist())
         seg = f"seg-{stable_hash(kind, ids, length=24)}.parquet"
         target = self.kind_dir(kind, str(experiments[0])) / seg
-        if target.exists():
+        if target.exists() or packed_in(target) is not None:
             return target
         table = pa.Table.from_pandas(df.reset_index(drop=True), preserve_index=False)
         table = table.replace_schema_metadata(
-            {**(table.schema.metadata or {}), CHECKSUM_KEY: _parquet_roundtrip_checksum(table).encode(), KIND_KEY: kind.encode()}
+            {**(table.schema.metadata or {}), CHECKSUM_KEY: written_checksum(table).encode(), KIND_KEY: kind.encode()}
         )
         # out of space (ENOSPC from mkdir, the write or the fsync): the temp file is removed below and the error names
         # the segment (core/diskfull.py); the target name appears only by the rename, so never half-written
@@ -126,47 +224,95 @@ class EventStore:
                 removed += 1
         return removed
 
-    def segments(self, kind: str, experiment: str | None = None) -> list[Path]:
+    def experiments(self, kind: str) -> list[str]:
         base = self.root / kind
-        if not base.exists():
+        if not base.is_dir():
             return []
-        pattern = f"{experiment}/seg-*.parquet" if experiment else "*/seg-*.parquet"
-        return sorted(base.glob(pattern))
+        return sorted(e.name for e in os.scandir(base) if e.is_dir())
 
-    def read(self, kind: str, experiment: str | None = None, paths: Iterable[Path] | None = None) -> pd.DataFrame:
-        """Events of one kind, each event once (segments may overlap when shards were regrouped). A segment's
-        column of an earlier name reads under its name now (`strategy` as `reader`: schemas/records.RENAMED_COLUMNS)."""
-        files = list(paths) if paths is not None else self.segments(kind, experiment)
-        files = [f for f in files if f is not None]
-        if not files:
+    def segments(self, kind: str, experiment: str | None = None) -> list[Path]:
+        """The files that hold a kind's events now (of one experiment, or of all): each compacted experiment's pack
+        first, then the segment files its catalog does not name, by name."""
+        files: list[Path] = []
+        for name in [experiment] if experiment else self.experiments(kind):
+            directory = self.kind_dir(kind, name)
+            try:
+                names = sorted(f for f in os.listdir(directory) if f.startswith("seg-") and f.endswith(".parquet"))
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            entry = load_catalog(self.root, name).entry(kind)
+            if entry is not None:
+                files.append(directory / entry.pack)
+                names = [f for f in names if f not in entry.segments]
+            files += [directory / f for f in names]
+        return files
+
+    def read(self, kind: str, experiment: str | None = None, paths: Iterable[Path | str] | None = None) -> pd.DataFrame:
+        """Events of one kind, each event once (segments may overlap when shards were regrouped): of `paths` (segments,
+        as files or compacted) when given, else every event of the experiment (or store). A segment's column of an
+        earlier name reads under its name now (`strategy` as `reader`: schemas/records.RENAMED_COLUMNS)."""
+        wanted = None if paths is None else [p for p in paths if p is not None]
+        for attempt in range(3):
+            try:
+                frames = self._frames(kind, experiment, wanted)
+                break
+            except FileNotFoundError:  # a compaction replaced a file between listing and reading: list again
+                if attempt == 2:
+                    raise
+        if not frames:
             return pd.DataFrame(columns=columns_of(kind))
-        frames = [current_names(pq.read_table(f).to_pandas()) for f in files]
-        df = pd.concat(frames, ignore_index=True)
-        return df.drop_duplicates("event_id", keep="first").reset_index(drop=True)
+        return earliest_copies(pd.concat(frames, ignore_index=True))
+
+    def _frames(self, kind: str, experiment: str | None, paths: list[Path | str] | None) -> list[pd.DataFrame]:
+        if paths is None:
+            return [read_file(f) for f in self.segments(kind, experiment)]
+        frames, packed = [], {}
+        for p in paths:
+            pack = packed_in(p)
+            if pack is None:
+                frames.append(read_file(p))
+            else:
+                packed.setdefault(pack, set()).add(Path(p).name)
+        return frames + [read_file(pack, names) for pack, names in packed.items()]
 
     def verify(self) -> tuple[int, list[VerifyProblem]]:
-        """Check every segment's checksum and schema; return (segments checked, problems)."""
+        """Check every segment's and every pack's checksum and schema, and that each catalog's packs hold the segments
+        it names; return (files checked, problems). A temporary file of a writer that was killed is not a problem
+        (reads never see it; the next run or `store compact` removes it); one of a live writer is reported."""
         problems: list[VerifyProblem] = []
         checked = 0
         for kind in RECORD_MODELS:
-            for path in self.segments(kind):
+            for experiment in self.experiments(kind):
+                for path in sorted(self.kind_dir(kind, experiment).glob("seg-*.parquet")):
+                    checked += 1
+                    problems += self._check_file(kind, path)
+        for path in sorted((self.root / CATALOG_DIR).glob("*.json")):
+            try:
+                catalog = load_catalog(self.root, path.stem)
+            except CatalogError as exc:
+                problems.append(VerifyProblem(path, str(exc).removeprefix(f"{path}: ")))
+                continue
+            for kind, entry in catalog.kinds.items():
                 checked += 1
-                try:
-                    table = pq.read_table(path)
-                except Exception as exc:  # a truncated file fails here
-                    problems.append(VerifyProblem(path, f"unreadable: {exc}"))
-                    continue
-                meta = table.schema.metadata or {}
-                stored = meta.get(CHECKSUM_KEY, b"").decode()
-                if not stored:
-                    problems.append(VerifyProblem(path, "no checksum in metadata"))
-                elif _table_checksum(table) != stored:
-                    problems.append(VerifyProblem(path, "checksum mismatch (altered after writing)"))
-                    continue
-                try:
-                    validate_records(kind, table.to_pandas())
-                except Exception as exc:
-                    problems.append(VerifyProblem(path, f"schema: {exc}"))
+                problems += self._check_file(kind, self.kind_dir(kind, path.stem) / entry.pack, entry.segments)
         for tmp in self.root.rglob(".tmp-*"):
-            problems.append(VerifyProblem(tmp, "leftover temporary file from an interrupted write (ignored by reads)"))
+            m = re.match(r"\.tmp-(\d+)-", tmp.name)
+            if not m or pid_alive(int(m.group(1))):
+                problems.append(VerifyProblem(tmp, "temporary file of a write in progress (ignored by reads)"))
         return checked, problems
+
+    def _check_file(self, kind: str, path: Path, segments: frozenset[str] | None = None) -> list[VerifyProblem]:
+        """A segment's problems, or a pack's (then `segments`: the names its catalog says it holds)."""
+        try:
+            table = pq.read_table(path)
+        except Exception as exc:  # a truncated file fails here
+            return [VerifyProblem(path, f"unreadable: {exc}")]
+        problem = table_problem(kind, table)
+        if problem is None and segments is not None:
+            import pyarrow.compute as pc
+
+            held = set(pc.list_flatten(table.column(SEGMENTS_COLUMN)).unique().to_pylist())
+            if held != segments:
+                problem = (f"holds {len(held)} segment(s), its catalog {catalog_path(self.root, segment_of(path)[2])} "
+                           f"names {len(segments)}")
+        return [VerifyProblem(path, problem)] if problem else []
