@@ -41,14 +41,18 @@ def cells(i: int) -> list[tuple[str, str, str]]:
     return [(r, s, MODELS[i % 2]) for r in RETRIEVERS for s in READERS]
 
 
+def sample(i: int) -> tuple[np.random.Generator, list[str]]:
+    """Experiment i's random source and its questions (drawn first from it)."""
+    rng = np.random.default_rng(i)
+    return rng, [qid(DATASETS[i % 4], int(q)) for q in np.sort(rng.choice(POOL, QUESTIONS, replace=False))]
+
+
 def write_experiment(root: str, i: int) -> int:
     """One experiment's segments; returns how many it wrote."""
     from tracking.store.events import EventStore, event_id, new_events
 
     store, name, dataset = EventStore(root), experiment_name(i), DATASETS[i % 4]
-    rng = np.random.default_rng(i)
-    sample = np.sort(rng.choice(POOL, QUESTIONS, replace=False))
-    qids = [qid(dataset, int(q)) for q in sample]
+    rng, qids = sample(i)
     questions = [{"event_id": event_id("questions", name, q), "cell": "", "qid": q, "dataset": dataset,
                   "question": f"question {q}?", "answers": [f"answer {q}"], "gold_pids": []} for q in qids]
     store.write("questions", new_events("questions", name, questions))

@@ -11,6 +11,7 @@ outcomes first, which is the costly part of a query over many uncompacted experi
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import json
 from pathlib import Path
@@ -22,9 +23,10 @@ from tracking.analysis.executions import load_outcomes, manifests
 from tracking.analysis.inconsistency import AnalysisError
 from tracking.analysis.metrics import bootstrap_ci
 from tracking.analysis.query import connect
-from tracking.analysis.stats import mcnemar_exact
-from tracking.store.catalog import load_catalog
+from tracking.store.catalog import load_catalog, reading
 from tracking.store.events import EventStore
+
+VIEWS = ("outcomes", "questions")  # what these questions read
 
 
 def experiments_matching(store_root: str | Path, patterns: list[str] | None = None) -> list[str]:
@@ -38,25 +40,20 @@ def experiments_matching(store_root: str | Path, patterns: list[str] | None = No
 def question_history(store_root: str | Path, qid: str, experiments: list[str] | None = None) -> pd.DataFrame:
     """Every stored outcome of question `qid`, oldest first: experiment, dataset, cell, prediction, em, f1, error
     type, when. Row groups of a pack are sorted by question, so each file yields its few rows from their statistics."""
-    con = connect(store_root, experiments=experiments if experiments is not None else experiments_matching(store_root))
-    try:
-        df = con.execute(
+    names = experiments if experiments is not None else experiments_matching(store_root)
+    with reading(store_root), contextlib.closing(connect(store_root, experiments=names, kinds=VIEWS)) as con:
+        return con.execute(
             "SELECT o.experiment, q.dataset, o.cell, o.prediction, o.em, o.f1, o.error_type, o.created_at "
             "FROM (SELECT * FROM outcomes WHERE qid = $qid) AS o LEFT JOIN "
             "(SELECT DISTINCT experiment, dataset FROM questions WHERE qid = $qid) AS q USING (experiment) "
             "ORDER BY o.created_at, o.experiment, o.cell", {"qid": qid}).fetch_df()
-    finally:
-        con.close()
-    return df
 
 
 def question_text(store_root: str | Path, qid: str, experiments: list[str]) -> tuple[str, list[str]] | None:
     """The question and its gold answers, from the first of `experiments` that stored it."""
-    con = connect(store_root, experiments=experiments[:1])
-    try:
+    with reading(store_root), contextlib.closing(connect(store_root, experiments=experiments[:1],
+                                                         kinds=("questions",))) as con:
         row = con.execute("SELECT question, answers FROM questions WHERE qid = ? LIMIT 1", [qid]).fetchone()
-    finally:
-        con.close()
     return (row[0], list(row[1])) if row else None
 
 
@@ -81,8 +78,7 @@ def leaderboard(store_root: str | Path, experiments: list[str] | None = None, da
     if not names:
         raise AnalysisError(f"no experiment with outcomes in {store_root}")
     unique = _unique_per_cell_question(store_root, names)
-    con = connect(store_root, experiments=names)
-    try:
+    with reading(store_root), contextlib.closing(connect(store_root, experiments=names, kinds=VIEWS)) as con:
         con.execute("CREATE TEMP TABLE reduced (experiment VARCHAR)")
         reduced = [(n,) for n in names if n not in unique]
         if reduced:
@@ -95,8 +91,6 @@ def leaderboard(store_root: str | Path, experiments: list[str] | None = None, da
             "SELECT coalesce(d.dataset, '') AS dataset, o.experiment, o.cell, count(*) AS questions, "
             "sum(CASE WHEN o.em >= 1 THEN 1 ELSE 0 END) AS right, avg(o.em) AS em, avg(o.f1) AS f1 "
             "FROM o LEFT JOIN d USING (experiment) GROUP BY ALL").fetch_df()
-    finally:
-        con.close()
     if dataset is not None:
         df = df[df["dataset"] == dataset]
     df = df.sort_values(["dataset", metric, "experiment", "cell"], ascending=[True, False, True, True])
@@ -107,6 +101,17 @@ def leaderboard(store_root: str | Path, experiments: list[str] | None = None, da
     df["em"], df["f1"] = df["em"] * 100, df["f1"] * 100
     df["em_lo"], df["em_hi"] = [100 * lo for lo, _ in ci], [100 * hi for _, hi in ci]
     return df.drop(columns="right").reset_index(drop=True)
+
+
+def experiment_readers_table(store_root: str | Path, experiment: str) -> pd.DataFrame:
+    """One experiment's readers table (tracking/analysis/readers_table.py) from its stored outcomes: the latest
+    execution's cells, their metrics computed from the outcomes alone."""
+    from tracking.analysis.executions import experiment_outcomes
+    from tracking.analysis.metrics import cell_metrics
+    from tracking.analysis.readers_table import readers_table
+
+    df = experiment_outcomes(store_root, experiment)
+    return readers_table({cell: cell_metrics(rows) for cell, rows in df.groupby("cell", sort=True)})
 
 
 def executions(store_root: str | Path, experiment: str) -> list[str]:
@@ -139,6 +144,8 @@ def execution_diff(store_root: str | Path, experiment: str, before: str | None =
     """What changed between two executions of one experiment (default: the last two), on the (cell, question)
     pairs both answered: a summary per cell (EM before and after, fixed, broken, exact McNemar p) and the questions
     that flipped (fixed: wrong before, right after; broken: the other way). Returns (summary, flips, (before, after))."""
+    from tracking.analysis.stats import mcnemar_exact  # scipy: imported only by the command that needs it
+
     a, b = _execution(store_root, experiment, before, -2), _execution(store_root, experiment, after, -1)
     old, new = (load_outcomes(store_root, experiment, x)[["cell", "qid", "prediction", "em"]] for x in (a, b))
     j = old.merge(new, on=["cell", "qid"], suffixes=("_before", "_after"))

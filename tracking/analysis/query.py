@@ -18,14 +18,15 @@ import pandas as pd
 
 from schemas.records import RECORD_MODELS, columns_of, current_names
 from tracking.analysis.overlaps import current_names_select, dedupe_select, empty_select, kind_select, sql_list
-from tracking.store.catalog import SEGMENTS_COLUMN, packed_in
+from tracking.store.catalog import SEGMENTS_COLUMN, packed_in, reading
 from tracking.store.events import EventStore
 
 
 def connect(store_root: str | Path, experiment: str | None = None, use_cache: bool = True,
-            read_only: bool = False, experiments: Sequence[str] | None = None) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB connection with views questions, retrievals, generations, votes, outcomes over one
-    experiment, the named `experiments`, or the whole store: only their files are opened.
+            read_only: bool = False, experiments: Sequence[str] | None = None,
+            kinds: Sequence[str] = tuple(RECORD_MODELS)) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection with views questions, retrievals, generations, votes, outcomes (or only the
+    named `kinds`) over one experiment, the named `experiments`, or the whole store: only their files are opened.
 
     `use_cache=False` recomputes the overlap projections instead of reading (or writing) them. `read_only` confines
     the connection, once its views exist, to reading the files they cover (`confine`)."""
@@ -35,7 +36,7 @@ def connect(store_root: str | Path, experiment: str | None = None, use_cache: bo
         con = duckdb.connect(":memory:")
         try:
             covered: list[str] = []
-            for kind in RECORD_MODELS:
+            for kind in kinds:
                 select, files = kind_select(con, store, kind, scope, use_cache)
                 con.execute(f"CREATE VIEW {kind} AS {current_names_select(kind, select or empty_select(kind))}")
                 covered += files
@@ -83,16 +84,12 @@ def query(store_root: str | Path, sql: str, experiment: str | None = None) -> pd
         check_read_only(con, sql)  # before the views are built: a refused statement costs nothing
     finally:
         con.close()
-    for attempt in range(3):
+    with reading(store_root):  # the views' files stay until the answer is read (tracking/store/catalog.py)
         con = connect(store_root, experiment, read_only=True)
         try:
             return con.execute(sql).fetch_df()
-        except duckdb.IOException:  # a file of the views was replaced by a compaction since they were made
-            if attempt == 2:
-                raise
         finally:
             con.close()
-    raise AssertionError("unreachable")
 
 
 def outcomes(store_root: str | Path, experiment: str | None = None) -> pd.DataFrame:
@@ -105,9 +102,14 @@ def records_for(store_root: str | Path, kind: str, qids: Sequence[str], experime
     """The records of one kind for the given questions, each event once: from `paths` (e.g. one
     execution's segments) when given, else from every segment of the experiment (or store). Columns of an earlier
     name read under their name now (schemas/records.current_names)."""
-    store = EventStore(store_root)
     if not qids:
         return pd.DataFrame(columns=columns_of(kind))
+    with reading(store_root):  # listed files stay until they are read (tracking/store/catalog.py)
+        return _records_for(EventStore(store_root), kind, qids, experiment, paths)
+
+
+def _records_for(store: EventStore, kind: str, qids: Sequence[str], experiment: str | None,
+                 paths: Sequence[str | Path] | None) -> pd.DataFrame:
     if paths is None:
         files, packed = [str(p) for p in store.segments(kind, experiment)], {}
     else:

@@ -16,13 +16,17 @@ reader sees the files before a compaction or the files after it, never both. A s
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 CATALOG_DIR = "compacted"
+READERS_LOCK = ".readers.lock"  # in CATALOG_DIR: shared by readers, exclusive while a compaction deletes files
 CATALOG_VERSION = 1
 SEGMENTS_COLUMN = "_segments"  # in a pack: the names of the segments that held each event
 
@@ -114,3 +118,32 @@ def packed_in(path: str | Path) -> Path | None:
 def segment_exists(path: str | Path) -> bool:
     """Whether the store holds the segment at `path`: as its own file, or compacted into a pack."""
     return packed_in(path) is not None or Path(path).exists()
+
+
+@contextlib.contextmanager
+def reading(root: str | Path) -> Iterator[None]:
+    """Hold the store's readers' lock (shared) for a listing and the reads that follow it. A store never compacted
+    has no lock file and needs none; one that cannot be opened (permissions) is read without it."""
+    try:
+        fd = os.open(Path(root) / CATALOG_DIR / READERS_LOCK, os.O_RDONLY)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def deleting(root: str | Path) -> Iterator[None]:
+    """Hold the store's readers' lock exclusively: no reader is between its listing and its reads."""
+    path = Path(root) / CATALOG_DIR / READERS_LOCK
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)

@@ -40,6 +40,7 @@ from tracking.store.catalog import (
     Catalog,
     PackEntry,
     catalog_path,
+    deleting,
     load_catalog,
 )
 from tracking.store.events import CHECKSUM_KEY, KIND_KEY, EventStore, stable_hash, written_checksum
@@ -162,6 +163,7 @@ def _delete_replaced(store: EventStore, experiment: str) -> None:
     """Remove what the catalog made unread: the segments it names, packs it does not name, and temporary files
     of killed writers."""
     catalog = load_catalog(store.root, experiment)
+    doomed = []
     for kind in RECORD_MODELS:
         directory = store.kind_dir(kind, experiment)
         if not directory.is_dir():
@@ -171,8 +173,13 @@ def _delete_replaced(store: EventStore, experiment: str) -> None:
             replaced = entry is not None and f in entry.segments
             stale_pack = f.startswith("pack-") and (entry is None or f != entry.pack)
             if replaced or stale_pack or _abandoned_temp(f):
-                (directory / f).unlink(missing_ok=True)
-                crashpoint("compact.deleting")
+                doomed.append(directory / f)
+    if not doomed:
+        return
+    with deleting(store.root):  # readers that listed the files before the commit have read them
+        for path in doomed:
+            path.unlink(missing_ok=True)
+            crashpoint("compact.deleting")
 
 
 def _abandoned_temp(name: str) -> bool:

@@ -42,6 +42,7 @@ from tracking.store.catalog import (
     catalog_path,
     load_catalog,
     packed_in,
+    reading,
     segment_of,
 )
 
@@ -252,13 +253,8 @@ class EventStore:
         as files or compacted) when given, else every event of the experiment (or store). A segment's column of an
         earlier name reads under its name now (`strategy` as `reader`: schemas/records.RENAMED_COLUMNS)."""
         wanted = None if paths is None else [p for p in paths if p is not None]
-        for attempt in range(3):
-            try:
-                frames = self._frames(kind, experiment, wanted)
-                break
-            except FileNotFoundError:  # a compaction replaced a file between listing and reading: list again
-                if attempt == 2:
-                    raise
+        with reading(self.root):  # no compaction deletes a listed file before it is read (tracking/store/catalog.py)
+            frames = self._frames(kind, experiment, wanted)
         if not frames:
             return pd.DataFrame(columns=columns_of(kind))
         return earliest_copies(pd.concat(frames, ignore_index=True))
