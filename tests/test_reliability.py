@@ -36,7 +36,9 @@ def reader(system: str, prompt: str, body: dict) -> str:
     return next((t for t in TOPICS if t in context), "unknown")
 
 
-def write_spec(ws: Path, base_url: str, name: str = "rel", **model) -> Path:
+def write_spec(ws: Path, base_url: str, name: str = "rel", compact: bool = True, **model) -> Path:
+    """A spec over make_data's files; `compact=False` keeps the run's segments as written (a check that counts the
+    events of every segment file, like `raw_event_counts`, then sees what the run wrote, not its compacted pack)."""
     spec = {
         "name": name,
         "dataset": {"name": "jsonl", "path": str(ws / "questions.jsonl")},
@@ -45,6 +47,7 @@ def write_spec(ws: Path, base_url: str, name: str = "rel", **model) -> Path:
         "readers": ["concatenation", "post_fusion"],
         "model": {"backend": "openai", "name": "scripted", "base_url": base_url, "concurrency": 2, **model},
         "execution": {"shard_size": 4},
+        "tracking": {"compact": compact},
     }
     path = ws / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec))
@@ -93,16 +96,19 @@ def outcome_table(ws: Path) -> list[tuple]:
 
 
 def raw_event_counts(ws: Path) -> dict[str, tuple[int, int]]:
-    """(rows over all segments, distinct event ids) per kind, read without the views' dedup."""
+    """(rows over all segment files, distinct event ids) per kind, read without the views' dedup. For a store whose
+    runs kept their segments (`write_spec(..., compact=False)`): a pack holds each event once by construction."""
     import duckdb
 
     out = {}
     for kind in ("questions", "retrievals", "generations", "votes", "outcomes"):
         files = list((ws / ".ragledger" / "store" / kind).glob("*/seg-*.parquet"))
+        assert not list((ws / ".ragledger" / "store" / kind).glob("*/pack-*.parquet")), "count a store not compacted"
         if files:
             sql = f"SELECT count(*), count(DISTINCT event_id) FROM read_parquet({[str(f) for f in files]})"
             n, d = duckdb.sql(sql).fetchall()[0]
             out[kind] = (n, d)
+    assert out, f"no segment under {ws}"
     return out
 
 
@@ -177,7 +183,7 @@ def test_kill_9_at_five_points_then_resume_gives_the_uninterrupted_result(tmp_pa
     assert len(expected) == 2 * 24
 
     with ScriptedServer(answer=reader, delay_s=0.02) as server:
-        spec = write_spec(crash_ws, server.base_url)
+        spec = write_spec(crash_ws, server.base_url, compact=False)  # the segments as the resumed runs wrote them
         killed = 0
         for point in CRASH_POINTS:
             proc = cli(crash_ws, "run", str(spec), env={"RAGLEDGER_CRASH_AT": point})
@@ -225,7 +231,8 @@ def test_backend_down_is_a_clear_error_and_resumable(tmp_path):
     assert log.parent == tmp_path / ".ragledger" / "logs" and "Traceback" in log.read_text()
     assert "Task run failed with exception" in log.read_text()  # Prefect's task-run records went there
     assert elapsed < 120
-    # progress kept: the retrieval segments are stored, and the next run (backend up) resumes from them
+    # progress kept: the retrieval segments are stored (a failed run compacts nothing), and the next run (backend
+    # up) resumes from them
     assert list((tmp_path / ".ragledger" / "store" / "retrievals").glob("*/seg-*.parquet"))
     with ScriptedServer(answer=reader) as server:
         data = yaml.safe_load(spec.read_text())
@@ -240,7 +247,7 @@ def test_backend_down_is_a_clear_error_and_resumable(tmp_path):
 def test_four_experiments_at_once_on_one_store_and_mlflow(tmp_path):
     make_data(tmp_path, 12)
     with ScriptedServer(answer=reader, delay_s=0.01) as server:
-        specs = [write_spec(tmp_path, server.base_url, name=f"exp{i}") for i in range(4)]
+        specs = [write_spec(tmp_path, server.base_url, name=f"exp{i}", compact=False) for i in range(4)]
         base = prefect_env()
         base["RAGLEDGER_INDEX_DIR"] = str(tmp_path / "indexes")
         procs = [subprocess.Popen([RAGLEDGER, "run", str(s)], cwd=tmp_path, env=base, stdout=subprocess.PIPE,
@@ -270,7 +277,7 @@ def test_store_verify_names_a_damaged_segment(tmp_path):
     make_data(tmp_path, 4)
     with ScriptedServer(answer=reader) as server:
         assert cli(tmp_path, "run", str(write_spec(tmp_path, server.base_url))).returncode == 0
-    seg = sorted((tmp_path / ".ragledger" / "store" / "outcomes").glob("*/seg-*.parquet"))[0]
+    seg = sorted((tmp_path / ".ragledger" / "store" / "outcomes").glob("*/pack-*.parquet"))[0]  # the run compacted
     seg.write_bytes(seg.read_bytes()[:-40])
     proc = cli(tmp_path, "store", "verify")
     assert proc.returncode == 1 and str(seg) in proc.stderr

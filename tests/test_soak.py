@@ -50,7 +50,8 @@ def spec_for(ws: Path, name: str, base_url: str, dataset: dict | list[dict]) -> 
             # timeout below the injected hangs; retries enough that no call gives up at a 32% fault rate
             "model": {"backend": "openai", "name": "scripted", "base_url": base_url, "concurrency": 2, "timeout_s": 2.0,
                       "max_retries": 20},
-            "execution": {"shard_size": QUESTIONS}}
+            "execution": {"shard_size": QUESTIONS},
+            "tracking": {"compact": False}}  # raw_event_counts counts the segments the runs wrote
     path = ws / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
