@@ -23,10 +23,11 @@ from tracking.analysis.executions import load_outcomes, manifests
 from tracking.analysis.inconsistency import AnalysisError
 from tracking.analysis.metrics import bootstrap_ci
 from tracking.analysis.query import connect
+from tracking.analysis.question_index import datasets, experiments_asking
 from tracking.store.catalog import load_catalog, reading
 from tracking.store.events import EventStore
 
-VIEWS = ("outcomes", "questions")  # what these questions read
+HISTORY_COLUMNS = ["experiment", "dataset", "cell", "prediction", "em", "f1", "error_type", "created_at"]
 
 
 def experiments_matching(store_root: str | Path, patterns: list[str] | None = None) -> list[str]:
@@ -39,14 +40,17 @@ def experiments_matching(store_root: str | Path, patterns: list[str] | None = No
 
 def question_history(store_root: str | Path, qid: str, experiments: list[str] | None = None) -> pd.DataFrame:
     """Every stored outcome of question `qid`, oldest first: experiment, dataset, cell, prediction, em, f1, error
-    type, when. Row groups of a pack are sorted by question, so each file yields its few rows from their statistics."""
-    names = experiments if experiments is not None else experiments_matching(store_root)
-    with reading(store_root), contextlib.closing(connect(store_root, experiments=names, kinds=VIEWS)) as con:
-        return con.execute(
-            "SELECT o.experiment, q.dataset, o.cell, o.prediction, o.em, o.f1, o.error_type, o.created_at "
-            "FROM (SELECT * FROM outcomes WHERE qid = $qid) AS o LEFT JOIN "
-            "(SELECT DISTINCT experiment, dataset FROM questions WHERE qid = $qid) AS q USING (experiment) "
-            "ORDER BY o.created_at, o.experiment, o.cell", {"qid": qid}).fetch_df()
+    type, when. Only the experiments that asked it are opened (the question index, tracking/analysis/question_index.py),
+    and in each pack only the row group holding it (packs are sorted by question)."""
+    asked = experiments_asking(store_root, qid)
+    names = [n for n in (experiments if experiments is not None else experiments_matching(store_root)) if n in asked]
+    if not names:
+        return pd.DataFrame(columns=HISTORY_COLUMNS)
+    with reading(store_root), contextlib.closing(connect(store_root, experiments=names, kinds=("outcomes",))) as con:
+        df = con.execute(f"SELECT {', '.join(c for c in HISTORY_COLUMNS if c != 'dataset')} FROM outcomes "
+                         "WHERE qid = ? ORDER BY created_at, experiment, cell", [qid]).fetch_df()
+    df.insert(1, "dataset", df["experiment"].map(asked))
+    return df
 
 
 def question_text(store_root: str | Path, qid: str, experiments: list[str]) -> tuple[str, list[str]] | None:
@@ -78,7 +82,7 @@ def leaderboard(store_root: str | Path, experiments: list[str] | None = None, da
     if not names:
         raise AnalysisError(f"no experiment with outcomes in {store_root}")
     unique = _unique_per_cell_question(store_root, names)
-    with reading(store_root), contextlib.closing(connect(store_root, experiments=names, kinds=VIEWS)) as con:
+    with reading(store_root), contextlib.closing(connect(store_root, experiments=names, kinds=("outcomes",))) as con:
         con.execute("CREATE TEMP TABLE reduced (experiment VARCHAR)")
         reduced = [(n,) for n in names if n not in unique]
         if reduced:
@@ -87,10 +91,10 @@ def leaderboard(store_root: str | Path, experiments: list[str] | None = None, da
             "WITH o AS (SELECT experiment, cell, em, f1 FROM outcomes WHERE experiment NOT IN (SELECT * FROM reduced) "
             "UNION ALL SELECT experiment, cell, em, f1 FROM outcomes WHERE experiment IN (SELECT * FROM reduced) "
             "QUALIFY row_number() OVER (PARTITION BY experiment, cell, qid ORDER BY created_at DESC, event_id) = 1), "
-            "d AS (SELECT DISTINCT experiment, dataset FROM questions) "
-            "SELECT coalesce(d.dataset, '') AS dataset, o.experiment, o.cell, count(*) AS questions, "
+            "SELECT o.experiment, o.cell, count(*) AS questions, "
             "sum(CASE WHEN o.em >= 1 THEN 1 ELSE 0 END) AS right, avg(o.em) AS em, avg(o.f1) AS f1 "
-            "FROM o LEFT JOIN d USING (experiment) GROUP BY ALL").fetch_df()
+            "FROM o GROUP BY ALL").fetch_df()
+    df.insert(0, "dataset", df["experiment"].map(datasets(store_root)).fillna(""))
     if dataset is not None:
         df = df[df["dataset"] == dataset]
     df = df.sort_values(["dataset", metric, "experiment", "cell"], ascending=[True, False, True, True])
