@@ -74,7 +74,7 @@ print(json.dumps({"seconds": time.perf_counter() - started, "rows": rows}))
 def timed(root: Path, what: str, arg: str = "") -> dict:
     done = subprocess.run([sys.executable, "-c", TIMED, str(root), what, arg], cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout[done.stdout.rindex("{"):])
 
 
 def command(*args: str) -> float:

@@ -19,6 +19,7 @@ import pandas as pd
 from schemas.records import RECORD_MODELS, columns_of, current_names
 from tracking.analysis.overlaps import current_names_select, dedupe_select, empty_select, kind_select, sql_list
 from tracking.store.catalog import SEGMENTS_COLUMN, packed_in, reading
+from tracking.store.duck import memory_connection
 from tracking.store.events import EventStore
 
 
@@ -33,7 +34,7 @@ def connect(store_root: str | Path, experiment: str | None = None, use_cache: bo
     store = EventStore(store_root)
     scope = [experiment] if experiment else (list(experiments) if experiments is not None else None)
     for attempt in range(3):
-        con = duckdb.connect(":memory:")
+        con = memory_connection()
         try:
             covered: list[str] = []
             for kind in kinds:
@@ -79,7 +80,7 @@ def confine(con: duckdb.DuckDBPyConnection, files: Sequence[str]) -> None:
 
 def query(store_root: str | Path, sql: str, experiment: str | None = None) -> pd.DataFrame:
     """Run one read-only SELECT over the store's views (see the module doc); ReadOnlyQueryError for anything else."""
-    con = duckdb.connect(":memory:")
+    con = memory_connection()
     try:
         check_read_only(con, sql)  # before the views are built: a refused statement costs nothing
     finally:
@@ -122,7 +123,7 @@ def _records_for(store: EventStore, kind: str, qids: Sequence[str], experiment: 
                 packed.setdefault(str(pack), []).append(Path(p).name)
     if not files and not packed:
         return pd.DataFrame(columns=columns_of(kind))
-    con = duckdb.connect(":memory:")
+    con = memory_connection()
     try:
         con.execute("CREATE TEMP TABLE wanted (qid VARCHAR)")
         con.executemany("INSERT INTO wanted VALUES (?)", [(str(q),) for q in dict.fromkeys(qids)])

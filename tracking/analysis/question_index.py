@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 from core.atomic import atomic_path
 from tracking.analysis.overlaps import projection_key, segment_stamps, sql_list
 from tracking.store.catalog import reading
+from tracking.store.duck import memory_connection
 from tracking.store.events import PROJECTIONS_DIR, EventStore
 
 INDEX_VERSION = "questions-1"
@@ -70,7 +71,7 @@ def _current_index(store: EventStore) -> pa.Table | Path:
     path = folder / f"index-{projection_key(sorted((k, v) for k, v in stamps.items()))}.parquet"
     if path.exists() and _load(path) is not None:
         return path
-    con = duckdb.connect(":memory:")
+    con = memory_connection()
     try:
         base = None
         for other in sorted(folder.glob("index-*.parquet"), key=lambda p: p.stat().st_mtime_ns, reverse=True):
@@ -114,7 +115,7 @@ def index_select(con: duckdb.DuckDBPyConnection, store: EventStore) -> str:
 
 def experiments_asking(store_root: str | Path, qid: str) -> dict[str, str]:
     """Experiment -> dataset, for every experiment that stored question `qid`."""
-    con = duckdb.connect(":memory:")
+    con = memory_connection()
     try:
         source = index_select(con, EventStore(store_root))
         return dict(con.execute(f"SELECT experiment, dataset FROM {source} WHERE qid = ?", [qid]).fetchall())
@@ -124,7 +125,7 @@ def experiments_asking(store_root: str | Path, qid: str) -> dict[str, str]:
 
 def datasets(store_root: str | Path) -> dict[str, str]:
     """Experiment -> its questions' dataset (the first by name when it stored several)."""
-    con = duckdb.connect(":memory:")
+    con = memory_connection()
     try:
         source = index_select(con, EventStore(store_root))
         return dict(con.execute(f"SELECT experiment, min(dataset) FROM {source} GROUP BY experiment").fetchall())

@@ -25,7 +25,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import duckdb
 import pyarrow.parquet as pq
 
 from core import progress
@@ -43,6 +42,7 @@ from tracking.store.catalog import (
     deleting,
     load_catalog,
 )
+from tracking.store.duck import memory_connection
 from tracking.store.events import CHECKSUM_KEY, KIND_KEY, EventStore, stable_hash, written_checksum
 
 PACK_ROW_GROUP = 8192
@@ -126,7 +126,7 @@ def _write_pack(kind: str, directory: Path, loose: list[Path], entry: PackEntry 
            f"list_sort(list_distinct(flatten(list(__held) OVER (PARTITION BY qid, event_id)))) AS __all FROM ("
            f"SELECT *, {held} AS __held FROM read_parquet({files}, union_by_name = true, filename = true))) "
            f"WHERE __rn = 1 ORDER BY qid, cell, event_id")
-    con = duckdb.connect(":memory:")
+    con = memory_connection()
     try:
         con.execute("SET TimeZone = 'UTC'")
         table = con.sql(sql).to_arrow_table()
