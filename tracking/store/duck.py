@@ -8,4 +8,6 @@ import duckdb
 def memory_connection() -> duckdb.DuckDBPyConnection:
     """An in-memory connection that prints nothing: DuckDB's progress bar on a long query goes to stdout, into a
     command's table, CSV or JSON output."""
-    return duckdb.connect(":memory:", config={"enable_progress_bar": False})
+    con = duckdb.connect(":memory:")
+    con.execute("SET enable_progress_bar = false")
+    return con
