@@ -28,7 +28,7 @@ def test_the_index_names_the_experiments_that_asked_and_is_extended_not_rebuilt(
     add(store, "c", range(8, 10))
     read = []
     real = qi._rows
-    monkeypatch.setattr(qi, "_rows", lambda con, root, stamps: read.append(sorted(stamps)) or real(con, root, stamps))
+    monkeypatch.setattr(qi, "_rows", lambda con, store, names: read.append(sorted(names)) or real(con, store, names))
     assert qi.experiments_asking(tmp_path, "q9") == {"c": "nq"}
     assert read == [["c"]]  # only the new experiment's questions were read
     (second,) = (tmp_path / PROJECTIONS_DIR / "questions").glob("index-*.parquet")

@@ -21,7 +21,7 @@ import pandas as pd
 
 from tracking.analysis.executions import load_outcomes, manifests
 from tracking.analysis.inconsistency import AnalysisError
-from tracking.analysis.metrics import bootstrap_ci
+from tracking.analysis.metrics import right_or_wrong_ci
 from tracking.analysis.query import connect
 from tracking.analysis.question_index import datasets, experiments_asking
 from tracking.store.catalog import load_catalog, reading
@@ -101,7 +101,7 @@ def leaderboard(store_root: str | Path, experiments: list[str] | None = None, da
     df.insert(1, "rank", df.groupby("dataset").cumcount() + 1)
     if top is not None:
         df = df[df["rank"] <= top]
-    ci = [bootstrap_ci(np.repeat([0.0, 1.0], [n - k, k])) for n, k in zip(df["questions"], df["right"], strict=True)]
+    ci = [right_or_wrong_ci(int(n), int(k)) for n, k in zip(df["questions"], df["right"], strict=True)]
     df["em"], df["f1"] = df["em"] * 100, df["f1"] * 100
     df["em_lo"], df["em_hi"] = [100 * lo for lo, _ in ci], [100 * hi for _, hi in ci]
     return df.drop(columns="right").reset_index(drop=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
@@ -107,6 +108,13 @@ def bootstrap_ci(values: np.ndarray, n_resamples: int = 1000, seed: int = 0, alp
         m = min(rows, n_resamples - start)
         means[start : start + m] = rng.multinomial(n, counts / n, size=m) @ levels / n
     return float(np.quantile(means, alpha / 2)), float(np.quantile(means, 1 - alpha / 2))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def right_or_wrong_ci(n: int, right: int) -> tuple[float, float]:
+    """bootstrap_ci of n 0/1 values of which `right` are 1: what it depends on are the two counts, so the many cells
+    of a leaderboard that share them are drawn once (the same CI as the readers table's)."""
+    return bootstrap_ci(np.repeat([0.0, 1.0], [n - right, right]))
 
 
 def cached_cell_metrics(projection_dir: Path, key: str, compute) -> dict:

@@ -1,9 +1,9 @@
 """Which experiments asked a question, without opening their files: a projection of the stored questions records.
 
 `<store>/projections/questions/index-<key>.parquet` holds (qid, experiment, dataset), sorted by question in small
-row groups, so one question is found in one row group of one file. It is named by the questions files it was made
-from (their paths, sizes and modification times, as the overlap projections are: tracking/analysis/overlaps.py), and
-keeps each experiment's stamps in its metadata: when experiments were added or run again, the newest cached index is
+row groups, so one question is found in one row group of one file. It is named by what it was made from: each
+experiment's questions folder (its modification time) and catalog (`_stamps`), and keeps each experiment's stamps in
+its metadata: when experiments were added or run again, the newest cached index is
 extended by reading only theirs. Rebuildable: deleting it only means it is made again; a store that cannot be written
 gets it in memory.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from pathlib import Path
 
 import duckdb
@@ -20,8 +21,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from core.atomic import atomic_path
-from tracking.analysis.overlaps import projection_key, segment_stamps, sql_list
-from tracking.store.catalog import reading
+from tracking.analysis.overlaps import projection_key, sql_list
+from tracking.store.catalog import CATALOG_DIR, reading
 from tracking.store.duck import memory_connection
 from tracking.store.events import PROJECTIONS_DIR, EventStore
 
@@ -31,13 +32,30 @@ ROW_GROUP = 4096
 
 
 def _stamps(store: EventStore) -> dict[str, list]:
-    """Each experiment's questions files, stamped."""
+    """What names each experiment's questions files, cheaply: its folder's modification time (segments and packs are
+    only ever added, renamed in or deleted, which changes it; never rewritten in place) and its catalog's identity
+    (a compaction's commit renames a new one in). Two stats an experiment, not one per file."""
+    base, catalogs = store.root / "questions", store.root / CATALOG_DIR
+    if not base.is_dir():
+        return {}
     out = {}
-    for name in store.experiments("questions"):
-        files = store.segments("questions", name)
-        if files:
-            out[name] = [list(s) for s in segment_stamps(store.root, files)]
-    return out
+    for entry in os.scandir(base):
+        if entry.is_dir():
+            try:
+                st = os.stat(os.path.join(catalogs, f"{entry.name}.json"))
+                catalog = [st.st_ino, st.st_mtime_ns]
+            except FileNotFoundError:
+                catalog = None
+            out[entry.name] = [entry.stat().st_mtime_ns, catalog]
+    return dict(sorted(out.items()))
+
+
+def _readable(path: Path) -> bool:
+    """A whole index file of this version (its footer read, not its rows)."""
+    try:
+        return json.loads(pq.read_schema(path).metadata[STAMPS_KEY]).get("version") == INDEX_VERSION
+    except (OSError, ValueError, KeyError, TypeError, pa.ArrowException):
+        return False
 
 
 def _load(path: Path) -> tuple[pa.Table, dict] | None:
@@ -49,8 +67,8 @@ def _load(path: Path) -> tuple[pa.Table, dict] | None:
         return None
 
 
-def _rows(con: duckdb.DuckDBPyConnection, root: Path, stamps: dict[str, list]) -> pa.Table:
-    files = [str(root / rel) for entries in stamps.values() for rel, _, _ in entries]
+def _rows(con: duckdb.DuckDBPyConnection, store: EventStore, experiments: list[str]) -> pa.Table:
+    files = [str(f) for name in experiments for f in store.segments("questions", name)]
     if not files:
         return pa.table({"qid": pa.array([], pa.string()), "experiment": pa.array([], pa.string()),
                          "dataset": pa.array([], pa.string())})
@@ -68,8 +86,8 @@ def question_index(store: EventStore) -> pa.Table | Path:
 def _current_index(store: EventStore) -> pa.Table | Path:
     stamps = _stamps(store)
     folder = store.root / PROJECTIONS_DIR / "questions"
-    path = folder / f"index-{projection_key(sorted((k, v) for k, v in stamps.items()))}.parquet"
-    if path.exists() and _load(path) is not None:
+    path = folder / f"index-{projection_key([INDEX_VERSION, *sorted(stamps.items())])}.parquet"
+    if path.exists() and _readable(path):
         return path
     con = memory_connection()
     try:
@@ -79,13 +97,13 @@ def _current_index(store: EventStore) -> pa.Table | Path:
             if base is not None:
                 break
         if base is None:
-            table = _rows(con, store.root, stamps)
+            table = _rows(con, store, list(stamps))
         else:  # keep the unchanged experiments' rows, read the others'
             old, old_stamps = base
             same = [e for e, s in stamps.items() if old_stamps.get(e) == s]
             kept = old.filter(pc.is_in(old["experiment"], value_set=pa.array(same, pa.string())))
             table = pa.concat_tables([kept.select(["qid", "experiment", "dataset"]).replace_schema_metadata(None),
-                                      _rows(con, store.root, {e: s for e, s in stamps.items() if e not in same})])
+                                      _rows(con, store, [e for e in stamps if e not in same])])
         con.register("unsorted", table)
         table = con.sql("SELECT * FROM unsorted ORDER BY qid, experiment").to_arrow_table()
     finally:
