@@ -157,6 +157,9 @@ def store_compact(
             r = compact_store(events, experiment or None)
         except CatalogError as exc:
             fail(str(exc))
+    from tracking.analysis.question_index import question_index
+
+    question_index(events)  # the questions' files changed: the index that questions across experiments use, made now
     console.print(f"{r.experiments} experiment(s) compacted, {r.rows:,} events packed in {r.seconds:.1f} s; "
                   f"record files {files_before:,} -> {record_files(events):,}")
 
