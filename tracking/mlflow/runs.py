@@ -103,8 +103,8 @@ def _log_parent(logger: Any, views: ExecutionViews, parent: str, spec_dict: dict
 
 def _log_segments(logger: Any, run_id: str, segments: dict[str, list[str]]) -> None:
     """A run's record segments as artifacts, `records/<kind>/seg-*.parquet`; a compacted experiment's are written
-    out of their packs for the upload (tracking/store/events.segment_files)."""
-    from tracking.store.events import segment_files
+    out of their packs for the upload (tracking/store/compaction.segment_files)."""
+    from tracking.store.compaction import segment_files
 
     for kind, files in segments.items():
         with segment_files(files) as paths:

@@ -20,8 +20,9 @@ import contextlib
 import fcntl
 import os
 import re
+import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,9 +42,11 @@ from tracking.store.catalog import (
     catalog_path,
     deleting,
     load_catalog,
+    packed_in,
+    segment_of,
 )
 from tracking.store.duck import memory_connection
-from tracking.store.events import CHECKSUM_KEY, KIND_KEY, EventStore, stable_hash, written_checksum
+from tracking.store.events import CHECKSUM_KEY, KIND_KEY, EventStore, read_file, stable_hash, written_checksum
 
 PACK_ROW_GROUP = 8192
 
@@ -195,3 +198,26 @@ def record_files(store: EventStore) -> int:
             count += sum(1 for f in os.listdir(store.kind_dir(kind, experiment)) if f.endswith(".parquet"))
     folder = store.root / CATALOG_DIR
     return count + (sum(1 for _ in folder.glob("*.json")) if folder.is_dir() else 0)
+
+
+@contextlib.contextmanager
+def segment_files(paths: Iterable[str | Path | None]) -> Iterator[list[Path]]:
+    """The segments at `paths` as files of their own, for a tool that uploads files (MLflow's artifacts): a
+    compacted one is written again from its pack (the same events, so the same name) into a temporary folder that
+    is removed on exit. A path the store does not hold is left out."""
+    with tempfile.TemporaryDirectory(prefix="ragledger-segments-") as tmp:
+        files = []
+        for p in paths:
+            if not p:
+                continue
+            pack = packed_in(p)
+            if pack is None:
+                if Path(p).exists():
+                    files.append(Path(p))
+                continue
+            _, kind, _, name = segment_of(p)
+            written = EventStore(tmp).write(kind, read_file(pack, {name}))
+            if written is None or written.name != name:
+                raise ValueError(f"{pack}: the events it holds for {name} are not that segment's")
+            files.append(written)
+        yield files

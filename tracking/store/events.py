@@ -12,12 +12,10 @@ Every method here takes a segment's path whether it is a file or compacted into 
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import re
-import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -106,29 +104,6 @@ def segment_table(path: str | Path, columns: list[str] | None = None) -> pa.Tabl
     table = pq.read_table(pack, columns=None if columns is None else [*columns, SEGMENTS_COLUMN])
     table = table.filter(_held_by(table.column(SEGMENTS_COLUMN), {Path(path).name}))
     return table.drop_columns([SEGMENTS_COLUMN])
-
-
-@contextlib.contextmanager
-def segment_files(paths: Iterable[str | Path | None]) -> Iterator[list[Path]]:
-    """The segments at `paths` as files of their own, for a tool that uploads files (MLflow's artifacts): a
-    compacted one is written again from its pack (the same events, so the same name) into a temporary folder that
-    is removed on exit. A path the store does not hold is left out."""
-    with tempfile.TemporaryDirectory(prefix="ragledger-segments-") as tmp:
-        files = []
-        for p in paths:
-            if not p:
-                continue
-            pack = packed_in(p)
-            if pack is None:
-                if Path(p).exists():
-                    files.append(Path(p))
-                continue
-            _, kind, _, name = segment_of(p)
-            written = EventStore(tmp).write(kind, read_file(pack, {name}))
-            if written is None or written.name != name:
-                raise ValueError(f"{pack}: the events it holds for {name} are not that segment's")
-            files.append(written)
-        yield files
 
 
 def read_file(path: str | Path, segments: set[str] | None = None) -> pd.DataFrame:
