@@ -43,9 +43,9 @@ def load_outcomes(store_root: str | Path, experiment: str, execution: dict | Non
         if paths and len(existing) < len(paths):
             missing = next(p for p in paths if not segment_exists(p))
             raise AnalysisError(f"{execution.get('manifest_path')}: outcome segment {missing} is missing from the store")
-        if existing:
-            return store.read("outcomes", paths=existing)
-    df = store.read("outcomes", experiment)
+        if existing:  # in (cell, question) order: the files' own order differs between a pack and its segments
+            return store.read("outcomes", paths=existing).sort_values(["cell", "qid"], kind="stable").reset_index(drop=True)
+    df = store.read("outcomes", experiment).sort_values(["cell", "qid"], kind="stable").reset_index(drop=True)
     if df.empty:
         where = Path(store_root) / "outcomes" / experiment
         raise AnalysisError(f"experiment {experiment!r}: no outcome records under {where}")
@@ -58,7 +58,9 @@ def experiment_outcomes(store_root: str | Path, experiment: str) -> pd.DataFrame
     every = EventStore(store_root).read("outcomes", experiment)
     eor = every[ensemble_rows(every)] if not every.empty else every
     df = pd.concat([df[~ensemble_rows(df)], eor], ignore_index=True)
-    return df.sort_values("created_at").drop_duplicates(["cell", "qid"], keep="last").reset_index(drop=True)
+    # a total order: the rows' order in the files differs between a pack and the segments it replaced (a pulled copy)
+    df = df.sort_values(["created_at", "cell", "qid"], kind="stable")
+    return df.drop_duplicates(["cell", "qid"], keep="last").reset_index(drop=True)
 
 
 def ensemble_rows(outcomes: pd.DataFrame) -> pd.Series:

@@ -201,7 +201,7 @@ def _complete_locally(manifest: Path) -> bool:
         return False
     files = [f for kinds in record.get("segments", {}).values() for fs in kinds.values() for f in fs]
     files += record.get("closed_book_filter_segments") or []
-    return all(Path(f).is_file() for f in files if f)
+    return all(segment_exists(f) for f in files if f)  # as files, or compacted into packs
 
 
 def _parent_runs(client: Any, experiment: str, shown_uri: str | None) -> list[Any]:

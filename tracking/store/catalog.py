@@ -116,8 +116,9 @@ def packed_in(path: str | Path) -> Path | None:
 
 
 def segment_exists(path: str | Path) -> bool:
-    """Whether the store holds the segment at `path`: as its own file, or compacted into a pack."""
-    return packed_in(path) is not None or Path(path).exists()
+    """Whether the store holds the segment at `path`: as its own file, or compacted into a pack that is there."""
+    pack = packed_in(path)
+    return pack.exists() if pack is not None else Path(path).exists()
 
 
 @contextlib.contextmanager
