@@ -18,9 +18,9 @@ import pandas as pd
 
 from schemas.records import RECORD_MODELS, columns_of, current_names
 from tracking.analysis.overlaps import current_names_select, dedupe_select, empty_select, kind_select, sql_list
-from tracking.store.catalog import SEGMENTS_COLUMN, packed_in, reading
+from tracking.store.catalog import SEGMENTS_COLUMN, reading, split_packed
 from tracking.store.duck import memory_connection
-from tracking.store.events import EventStore
+from tracking.store.events import EventStore, earliest_copies
 
 
 def connect(store_root: str | Path, experiment: str | None = None, use_cache: bool = True,
@@ -111,16 +111,8 @@ def records_for(store_root: str | Path, kind: str, qids: Sequence[str], experime
 
 def _records_for(store: EventStore, kind: str, qids: Sequence[str], experiment: str | None,
                  paths: Sequence[str | Path] | None) -> pd.DataFrame:
-    if paths is None:
-        files, packed = [str(p) for p in store.segments(kind, experiment)], {}
-    else:
-        files, packed = [], {}
-        for p in paths:
-            pack = packed_in(p)
-            if pack is None:
-                files.append(str(p))
-            else:
-                packed.setdefault(str(pack), []).append(Path(p).name)
+    files, packed = split_packed(list(paths) if paths is not None else store.segments(kind, experiment))
+    files = [str(f) for f in files]
     if not files and not packed:
         return pd.DataFrame(columns=columns_of(kind))
     con = memory_connection()
@@ -129,9 +121,8 @@ def _records_for(store: EventStore, kind: str, qids: Sequence[str], experiment: 
         con.executemany("INSERT INTO wanted VALUES (?)", [(str(q),) for q in dict.fromkeys(qids)])
         where = "qid IN (SELECT qid FROM wanted)"
         parts = [dedupe_select(files, where)] if files else []
-        parts += [f'SELECT * EXCLUDE ("{SEGMENTS_COLUMN}") FROM read_parquet({sql_list([pack])}) WHERE {where} '
-                  f'AND list_has_any("{SEGMENTS_COLUMN}", {sql_list(names)})' for pack, names in packed.items()]
-        df = current_names(con.execute(" UNION ALL BY NAME ".join(parts)).fetch_df())
-        return df.drop_duplicates("event_id", keep="first").reset_index(drop=True)
+        parts += [f'SELECT * EXCLUDE ("{SEGMENTS_COLUMN}") FROM read_parquet({sql_list([str(pack)])}) WHERE {where} '
+                  f'AND list_has_any("{SEGMENTS_COLUMN}", {sql_list(sorted(names))})' for pack, names in packed.items()]
+        return earliest_copies(current_names(con.execute(" UNION ALL BY NAME ".join(parts)).fetch_df()))
     finally:
         con.close()

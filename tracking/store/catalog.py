@@ -115,6 +115,19 @@ def packed_in(path: str | Path) -> Path | None:
     return Path(path).parent / entry.pack
 
 
+def split_packed(paths: list[str | Path]) -> tuple[list[str | Path], dict[Path, set[str]]]:
+    """Segment paths split into those that are their own files and, per pack, the names of those compacted into it."""
+    files: list[str | Path] = []
+    packed: dict[Path, set[str]] = {}
+    for p in paths:
+        pack = packed_in(p)
+        if pack is None:
+            files.append(p)
+        else:
+            packed.setdefault(pack, set()).add(Path(p).name)
+    return files, packed
+
+
 def segment_exists(path: str | Path) -> bool:
     """Whether the store holds the segment at `path`: as its own file, or compacted into a pack that is there."""
     pack = packed_in(path)

@@ -154,12 +154,11 @@ def _pandas_metadata(sources: list[Path]) -> dict[bytes, bytes]:
     all agree; none when they differ (then each column reads as Arrow maps it)."""
     import json
 
-    found = {pq.read_schema(f).metadata.get(b"pandas") for f in sources}
-    if len(found) != 1 or None in found:
-        dtypes = [{c["name"]: c["numpy_type"] for c in json.loads(m)["columns"]} for m in found if m]
-        if not dtypes or any(d != dtypes[0] for d in dtypes) or None in found:
-            return {}
-    return {b"pandas": sorted(m for m in found if m)[0]}
+    found = {(pq.read_schema(f).metadata or {}).get(b"pandas") for f in sources}
+    if None in found:
+        return {}
+    dtypes = [{c["name"]: c["numpy_type"] for c in json.loads(m)["columns"]} for m in found]
+    return {b"pandas": min(found)} if all(d == dtypes[0] for d in dtypes) else {}
 
 
 def _delete_replaced(store: EventStore, experiment: str) -> None:

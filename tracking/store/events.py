@@ -42,6 +42,7 @@ from tracking.store.catalog import (
     packed_in,
     reading,
     segment_of,
+    split_packed,
 )
 
 # derived, rebuildable views of the segments (overlap sets, cell metrics) live under <store>/projections/
@@ -99,22 +100,25 @@ def earliest_copies(df: pd.DataFrame) -> pd.DataFrame:
 def segment_table(path: str | Path, columns: list[str] | None = None) -> pa.Table:
     """One segment's rows (of `columns`), from its own file or from the pack it was compacted into."""
     pack = packed_in(path)
-    if pack is None:
-        return pq.read_table(path, columns=columns)
-    table = pq.read_table(pack, columns=None if columns is None else [*columns, SEGMENTS_COLUMN])
-    table = table.filter(_held_by(table.column(SEGMENTS_COLUMN), {Path(path).name}))
-    return table.drop_columns([SEGMENTS_COLUMN])
+    return pq.read_table(path, columns=columns) if pack is None else _file_table(pack, {Path(path).name}, columns)
 
 
 def read_file(path: str | Path, segments: set[str] | None = None) -> pd.DataFrame:
-    """One segment file's events, or a pack's: all of them, or those of the named `segments` (its `_segments`
-    column says which segments held each event; the column itself is the pack's bookkeeping, not an event's)."""
-    table = pq.read_table(path)
+    """One segment file's events, or a pack's: all of them, or those of the named `segments`."""
+    return current_names(_file_table(path, segments).to_pandas())
+
+
+def _file_table(path: str | Path, segments: set[str] | None = None, columns: list[str] | None = None) -> pa.Table:
+    """A file's rows; of a pack, those the named `segments` held (its `_segments` column says which segments held
+    each event), without that column (the pack's bookkeeping, not an event's)."""
+    if columns is not None and SEGMENTS_COLUMN in pq.read_schema(path).names:
+        columns = [*columns, SEGMENTS_COLUMN]
+    table = pq.read_table(path, columns=columns)
     if SEGMENTS_COLUMN in table.schema.names:
         if segments is not None:
             table = table.filter(_held_by(table.column(SEGMENTS_COLUMN), segments))
         table = table.drop_columns([SEGMENTS_COLUMN])
-    return current_names(table.to_pandas())
+    return table
 
 
 def _held_by(lists: pa.ChunkedArray, segments: set[str]) -> pa.Array:
@@ -237,14 +241,8 @@ class EventStore:
     def _frames(self, kind: str, experiment: str | None, paths: list[Path | str] | None) -> list[pd.DataFrame]:
         if paths is None:
             return [read_file(f) for f in self.segments(kind, experiment)]
-        frames, packed = [], {}
-        for p in paths:
-            pack = packed_in(p)
-            if pack is None:
-                frames.append(read_file(p))
-            else:
-                packed.setdefault(pack, set()).add(Path(p).name)
-        return frames + [read_file(pack, names) for pack, names in packed.items()]
+        files, packed = split_packed(paths)
+        return [read_file(f) for f in files] + [read_file(pack, names) for pack, names in packed.items()]
 
     def verify(self) -> tuple[int, list[VerifyProblem]]:
         """Check every segment's and every pack's checksum and schema, and that each catalog's packs hold the segments
