@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from core.paths import REPO_ROOT  # the model-call process imports the project's packages from here
+from engines.concurrency import call_process_share, call_processes_for, outstanding_bound
 from engines.llm_types import BackendError, Endpoint, LLMRequest, LLMResponse
 from engines.model_call_process import encode, read_message
 
@@ -24,18 +25,6 @@ T = TypeVar("T")
 
 # calls to an endpoint that a call gave up on for a transport failure fail at once for this long (engines.llm_http)
 UNREACHABLE_FOR_S = 60.0
-# One model-call process per this many requests in flight, and at most one per core. One process's CPU per
-# request (~0.7 ms in the openai client) bounds it at hundreds of requests a second: answers arrive in waves and
-# wait for each other. P1 (10,000 calls, 64 in flight, 100 ms each): the flow took 19.5 s with one process and
-# 18.2-18.8 s with two (docs/performance.md).
-REQUESTS_PER_CALL_PROCESS = 32
-MAX_CALL_PROCESSES = os.cpu_count() or 1
-
-
-def call_processes_for(concurrency: int) -> int:
-    """How many model-call processes share an endpoint whose bound is `concurrency` requests in flight."""
-    return max(1, min(MAX_CALL_PROCESSES, concurrency // REQUESTS_PER_CALL_PROCESS))
-
 
 # Stage tasks run in worker threads; routing all their calls through one loop and its model-call processes lets
 # them share one connection pool and one concurrency bound per endpoint (the embedded server answers one request
@@ -121,18 +110,11 @@ class _CallProcess:
                 await self._proc.stdin.drain()
 
 
-# Calls a model-call process may hold beyond its share of the concurrency: queued there, they go out the moment a
-# slot frees, even while task threads hold this process's GIL (128 is ~0.4 s of P1's calls per process). The rest
-# wait here, so the processes finish together: handed out all at once when queued, a shard's calls left one
-# process with ~600 to make alone, 32 in flight, for the last 2 s of P1 while the other idled.
-BACKLOG_PER_CALL_PROCESS = 128
-
-
 class _CallProcesses:
     """One event loop's model-call processes. An endpoint that may have n of them (`call_processes_for`) has its
     calls spread over the first n: each process bounds its share of the endpoint's concurrency, so the shares add
     up to `Endpoint.concurrency`. A call waits here while the endpoint's processes together hold the concurrency
-    plus BACKLOG_PER_CALL_PROCESS each, then goes to the usable one with the fewest calls outstanding (with all of
+    plus a backlog each (engines/concurrency.py), then goes to the usable one with the fewest calls outstanding (with all of
     them usable, none holds much more than its share plus the backlog). With one process every call goes to it at
     once: its call gate then orders all the waiting calls (engines/call_gate.py)."""
 
@@ -161,9 +143,9 @@ class _CallProcesses:
             return await self.processes[0].call(ep, req, cache_key, cache_path, rounds_after)
         room = self._room.get(ep)
         if room is None:
-            room = self._room[ep] = asyncio.Semaphore(ep.concurrency + n * BACKLOG_PER_CALL_PROCESS)
+            room = self._room[ep] = asyncio.Semaphore(outstanding_bound(ep.concurrency, n))
         async with room:
-            # the warm-up starts one process first and holds the others back for its endpoint until its first
+            # a run's head start starts one process first and holds the others back for its endpoint until its first
             # calls left
             usable = range(min(n, self.held_from.get(ep) or n))
             i = min(usable, key=lambda j: self.processes[j].outstanding)
@@ -174,8 +156,7 @@ class _CallProcesses:
         if n == 1:
             return ep
         if (ep, i, n) not in self._shares:
-            share = ep.concurrency // n + (1 if i < ep.concurrency % n else 0)
-            self._shares[(ep, i, n)] = replace(ep, concurrency=share)
+            self._shares[(ep, i, n)] = replace(ep, concurrency=call_process_share(ep.concurrency, i, n))
         return self._shares[(ep, i, n)]
 
     async def close_clients(self, base_url: str | None) -> None:
@@ -189,7 +170,7 @@ def consume_exception(task: asyncio.Task) -> None:
 
 def start_first_call_process() -> None:
     """Start this process's first model-call process now, before any endpoint's client exists: its imports (openai,
-    aiohttp: ~1 s of CPU) then overlap whatever comes before the first call (flows/warmup.py), rather than following
+    aiohttp: ~1 s of CPU) then overlap whatever comes before the first call (flows/head_start.py), rather than following
     it. A client's calls go to it as to one it started itself. Returns at once."""
 
     async def start() -> None:

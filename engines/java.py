@@ -75,7 +75,7 @@ def ensure_jvm() -> None:
 
                 configure_classpath(os.environ.get("ANSERINI_CLASSPATH") or str(_jar_folder()))
         # starts the JVM; importing pyserini.pyclass would also reflect eight Java classes ragledger does not use into
-        # Python objects (0.2 s holding the GIL, 0.8 s while a run's warm-up imports its stages beside it)
+        # Python objects (0.2 s holding the GIL, 0.8 s while a run's head start imports its stages beside it)
         import jnius  # noqa: F401
 
         _ready = True

@@ -22,7 +22,6 @@ from typing import Any
 
 from core.hashing import stable_hash
 from engines.call_processes import (
-    call_processes_for,
     call_processes_of,
     close_clients,
     consume_exception,
@@ -30,18 +29,19 @@ from engines.call_processes import (
     run_on_engine,
     start_first_call_process,
 )
+from engines.concurrency import call_processes_for
 from engines.llm_cache import LLMCallCache
 from engines.llm_types import BackendError, ContextOverflow, Endpoint, LLMRequest, LLMResponse
 from engines.model_call_process import cached_response
 
 # the client's API: the call types, and the engine loop its calls run on (engines/call_processes.py)
-__all__ = ["BackendError", "CallCounters", "ContextOverflow", "LLMClient", "LLMRequest", "LLMResponse", "api_key_from_env",
-           "close_clients", "run_on_engine", "start_first_call_process"]
+__all__ = ["BackendError", "CallCounters", "ContextOverflow", "EarlyCalls", "LLMClient", "LLMRequest", "LLMResponse",
+           "api_key_from_env", "close_clients", "run_on_engine", "start_first_call_process"]
 
 
 _REQUEST_FIELDS = tuple(f.name for f in fields(LLMRequest))
 # the keys computed in this process, by (model identity, model name, request): a call's key is asked for three times, by
-# clients of its warm-up and its task (flows/warmup.py sends it early), and for its generation record; each
+# clients of a run's head start and its task (flows/head_start.py sends it early), and for its generation record; each
 # hashes the whole prompt. Bounded (oldest first): a shard's calls are asked for within a few thousand others
 _KEYS: dict[tuple[str, str, LLMRequest], str] = {}
 _KEYS_MAX = 20_000
@@ -94,6 +94,8 @@ class LLMClient:
     # what call keys named before they named the model (llm_types.endpoint_identity: the server's URL); a call
     # missing from the cache under its key is looked for under this one, and kept under its key when found
     legacy_identity: str | None = None
+    # calls of a run sent before their task ran (flows/head_start.py), taken over by this client's `complete`
+    early: EarlyCalls | None = None
 
     def cache_key(self, req: LLMRequest) -> str:
         return _call_key(self.model_identity, self.endpoint.model, req)
@@ -122,7 +124,7 @@ class LLMClient:
         _INFLIGHT[slot] = future
         try:
             # a call sent before its task ran (send_early) is taken over as this one's own call
-            early = _EARLY.pop(slot, None)
+            early = self.early.take(slot) if self.early is not None else None
             # not sent before: an identical call may have been answered already (two questions of a run with the same
             # text and passages); its cached answer now, not after every call queued ahead of this one, which would
             # leave that question's shard, and its vote and evaluation, to the end of the run
@@ -176,26 +178,45 @@ class LLMClient:
         asyncio.run_coroutine_threadsafe(start(), engine_loop())
 
     def send_early(self, requests: list[LLMRequest], rounds_after: int = 0) -> None:
-        """Send these calls now, before the task that makes them runs (flows/warmup.py: while Prefect's server
-        starts). The first `complete` of the same request in this process takes the answer over and counts it as
-        its own call; an answer nobody takes still lands in the call cache."""
-        asyncio.run_coroutine_threadsafe(self._send_early(requests, rounds_after), engine_loop()).result()
+        """Send these calls now, before the task that makes them runs (flows/head_start.py: while Prefect's server
+        starts), into `self.early`. The first `complete` of the same request by a client with the same `early` takes
+        the answer over and counts it as its own call; an answer nobody takes still lands in the call cache."""
+        assert self.early is not None, "send_early needs the run's EarlyCalls"
+        asyncio.run_coroutine_threadsafe(self._send_early(requests, rounds_after, self.early), engine_loop()).result()
 
-    async def _send_early(self, requests: list[LLMRequest], rounds_after: int) -> None:
+    async def _send_early(self, requests: list[LLMRequest], rounds_after: int, early: EarlyCalls) -> None:
         loop = asyncio.get_running_loop()
         for req in requests:
             slot = (id(loop), self.cache_key(req))
             if self._legacy_key(req) is not None:  # a call cached under the URL's key is kept under the model's,
                 self._cached(slot[1], req)  # which the model-call process looks up
-            if slot not in _EARLY and slot not in _INFLIGHT:
-                task = loop.create_task(self._call(loop, req, slot[1], rounds_after))
-                task.add_done_callback(consume_exception)  # the task that takes it over re-raises it
-                _EARLY[slot] = task
+            if slot not in early and slot not in _INFLIGHT:
+                early.add(slot, loop.create_task(self._call(loop, req, slot[1], rounds_after)))
+
+
+class EarlyCalls:
+    """One run's calls sent before the tasks that make them ran (flows/head_start.py), by (event loop, call key), until
+    a task's `complete` takes each over. Touched only on the engine loop."""
+
+    def __init__(self) -> None:
+        self._calls: dict[tuple[int, str], asyncio.Task] = {}
+
+    def add(self, slot: tuple[int, str], task: asyncio.Task) -> None:
+        task.add_done_callback(consume_exception)  # the task that takes it over re-raises it
+        self._calls[slot] = task
+
+    def take(self, slot: tuple[int, str]) -> asyncio.Task | None:
+        return self._calls.pop(slot, None)
+
+    def __contains__(self, slot: object) -> bool:
+        return slot in self._calls
+
+    def __len__(self) -> int:
+        return len(self._calls)
 
 
 # calls of this process in flight on the engine loop (engines/call_processes.py), by (event loop, call cache key)
 _INFLIGHT: dict[tuple[int, str], asyncio.Future] = {}  # (event loop, call cache key) -> its pending response
-_EARLY: dict[tuple[int, str], asyncio.Task] = {}  # calls sent before their task ran, until one takes them over
 
 
 def api_key_from_env(var: str | None) -> str:

@@ -22,7 +22,7 @@ _SHARED: dict[tuple, tuple[Any, CallGate]] = {}
 
 def _shared(ep: Endpoint, logprobs: bool = False) -> tuple[Any, CallGate]:
     """One HTTP client and one concurrency bound (a CallGate: prefix-ordered with one slot) per endpoint, shared
-    by every call in the process.
+    by every call in the process; `ep.concurrency` is this process's share (engines/concurrency.py).
     Calls routed to `logprobs_base_url` share the main endpoint's bound: both servers run on one machine."""
     key = (ep.base_url, ep.api_key, ep.concurrency, ep.timeout_s)
     if key not in _SHARED:

@@ -1,8 +1,8 @@
 """The model-call process (`python -m engines.model_call_process`): a child of each ragledger process that makes
 calls (the CLI's, a Dask worker's), fed through a pipe by engines/call_processes.py. It answers each call from the
 call cache or makes it (engines/llm_http.py), claiming it in the cache so that no other process makes it meanwhile.
-A process whose endpoint allows many requests in flight starts more than one (`call_processes_for`); each bounds its
-share of the endpoint's concurrency.
+A process whose endpoint allows many requests in flight starts more than one; each bounds its share of the
+endpoint's concurrency (engines/concurrency.py).
 
 Why a process of its own: stage tasks run in threads of the flow's process, and their CPU work (planning prompts,
 validating and writing records, scoring) held the GIL while the event loop's sockets waited. On the P1 benchmark

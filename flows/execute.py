@@ -8,7 +8,6 @@ The plan holds every key and dependency; the flow only submits, collects and rec
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
 from dataclasses import asdict
 from functools import partial
@@ -18,38 +17,22 @@ from prefect import flow
 
 from core.datasets import Question
 from core.diskfull import as_store_full
-from flows import warmup
 from flows.endpoint import model_endpoint
 from flows.executor import EndpointUse, Executed, PlanExecution
+from flows.head_start import HeadStart
 from flows.pipeline import Pipeline
-from flows.plan import FLOW_VERSION, PIPELINE_STAGES, ExperimentPlan, plan, question_rows
+from flows.plan import FLOW_VERSION, PIPELINE_STAGES, ExperimentPlan, plan
+from flows.prepare import plan_run, store_run
 from flows.recording import record_run
 from flows.run_summary import Accounting, StageClock
 from flows.runners import task_runner_for, without_default_heartbeats
 from schemas.spec import ExperimentSpec
-from strategies.retrievers import parse_retriever
 from tasks.closed_book_filter import answered_closed_book
-from tasks.context import corpus_for, retriever_for
 from tasks.prefect_tasks import closed_book_filter_task
 from tasks.stages import RunContext, StageResult
 from tracking.mlflow.log import preload as preload_mlflow
 from tracking.mlflow.log import resolve_tracking_uri
-from tracking.store.events import EventStore, new_events
-
-
-def prepare_run(spec: ExperimentSpec, store_root: str) -> tuple[ExperimentPlan, RunContext, list[Question]]:
-    """Questions loaded, sampled (seeded) and stored once; indexes built or opened before shards fan out; the plan."""
-    store = EventStore(store_root)
-    store.remove_abandoned_temp_files()
-    run_token = uuid.uuid4().hex
-    questions = spec.dataset.sampled_questions()
-    q_segment = str(store.write("questions", new_events("questions", spec.name, question_rows(spec, questions))))
-    needs_corpus = any(parse_retriever(r).needs_corpus for r in spec.retrievers)
-    the_plan = plan(spec, questions, store_root=store_root, questions_segment=q_segment,
-                    corpus_hash=corpus_for(spec).corpus_hash if needs_corpus else "")
-    for r in spec.retrievers:
-        retriever_for(spec, r, store_root)
-    return the_plan, RunContext(spec, store_root, q_segment, run_token), questions
+from tracking.store.events import EventStore
 
 
 def closed_book_filter(the_plan: ExperimentPlan, run: RunContext, use: EndpointUse,
@@ -91,9 +74,13 @@ def execute(the_plan: ExperimentPlan, questions: list[Question], run: RunContext
 
 
 @flow(name="ragledger-experiment", version=FLOW_VERSION)
-def experiment_flow(spec: ExperimentSpec, store_root: str, tracking_uri: str | None = None, base_url: str | None = None) -> dict:
-    clock = StageClock(started=warmup.take_started_at())
-    the_plan, run, questions = prepare_run(spec, store_root)
+def experiment_flow(spec: ExperimentSpec, store_root: str, tracking_uri: str | None = None, base_url: str | None = None,
+                    head_start: HeadStart | None = None) -> dict:
+    """`head_start`: the run begun before Prefect was up (flows/head_start.py); Prefect keeps no copy of it."""
+    clock = StageClock(started=head_start.started_at if head_start is not None else None)
+    planned = head_start.prepared() if head_start is not None else None  # planned there, or here
+    the_plan, run, questions = prepared = planned or plan_run(spec, store_root)
+    store_run(prepared)
     tracking_uri = tracking_uri or resolve_tracking_uri(spec.tracking.mlflow_uri)
     accounting = Accounting(run.run_token)
     done = execute(the_plan, questions, run, base_url, accounting, clock, partial(preload_mlflow, tracking_uri))
@@ -101,9 +88,10 @@ def experiment_flow(spec: ExperimentSpec, store_root: str, tracking_uri: str | N
 
 
 def run_experiment(spec: ExperimentSpec | dict, store_root: str, base_url: str | None = None, tracking_uri: str | None = None,
-                   runner: str | None = None, workers: int | None = None, scheduler_address: str | None = None) -> dict:
+                   runner: str | None = None, workers: int | None = None, scheduler_address: str | None = None,
+                   head_start: HeadStart | None = None) -> dict:
     """Run the flow with the runner the spec asks for, unless runner/workers/scheduler_address override it. A spec
-    given as a dict (a test, a deployment's parameters) is parsed here, once."""
+    given as a dict (a test, a deployment's parameters) is parsed here, once. `head_start`: the run's, if begun."""
     spec = spec if isinstance(spec, ExperimentSpec) else ExperimentSpec.model_validate(spec)
     execution = spec.execution
     scheduler_address = scheduler_address or execution.scheduler_address
@@ -115,7 +103,7 @@ def run_experiment(spec: ExperimentSpec | dict, store_root: str, base_url: str |
     flow_fn = experiment_flow if task_runner is None else experiment_flow.with_options(task_runner=task_runner)
     try:
         with without_default_heartbeats():
-            return flow_fn(spec, store_root, tracking_uri, base_url)
+            return flow_fn(spec, store_root, tracking_uri, base_url, head_start)
     except Exception as exc:
         # out of space anywhere under the store (a segment, a projection, the LLM-call cache, even in the model-call
         # process): one StoreFullError naming the file, whichever writer hit it first (core/diskfull.py)

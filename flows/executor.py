@@ -18,7 +18,6 @@ from core import progress
 from core.cell import Cell
 from core.diskfull import reported_as_store_full
 from core.paths import StoreLayout
-from flows import warmup
 from flows.endpoint import ModelEndpoint
 from flows.pipeline import Pipeline
 from flows.plan import ExperimentPlan
@@ -81,7 +80,8 @@ class PlanExecution:
         self.generate_url = use.url_for(*(g for rounds in the_plan.generates.values() for g in rounds))
 
     def run_all(self) -> None:
-        warmup.stop()  # the schedule is the flow's from here: the warm-up claims no further shard
+        if self.run.ahead is not None:  # the schedule is the flow's from here: its head start claims no further stage
+            self.run.ahead.stop()
         for stage, total in self.plan.stage_totals().items():
             progress.set_total(stage, total)
         for stage in self.plan.first_retrievals():
@@ -96,7 +96,7 @@ class PlanExecution:
         self.pipeline.submit("retrieve", retrieve_task, params, partial(self._retrieved, stage))
 
     def _retrieved(self, stage: RetrieveStage, result: StageResult) -> None:
-        sid = self.shard_of(stage)
+        sid = self.plan.shard_of(stage)
         self.retrieved[(stage.retriever, sid)] = result
         for cell in self.plan.cells_of(stage.retriever):
             self.generate(cell, sid, 1)
@@ -146,9 +146,6 @@ class PlanExecution:
         self.votes[(cell, sid)] = result
         params = {**self._upstream(cell, sid), "stage": self.plan.evaluates[(cell, sid)], "vote_segment": result.segment}
         self.pipeline.submit("evaluate", evaluate_task, params, partial(self.evals.__setitem__, (cell, sid)))
-
-    def shard_of(self, stage: RetrieveStage) -> str:
-        return next(s.id for s in self.plan.shards if s.qids == stage.qids)
 
     def recall_curve_files(self) -> list[str]:
         """Recall@k per retriever over this run's retrievals (a projection named by their segments)."""

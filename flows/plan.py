@@ -105,11 +105,23 @@ class ExperimentPlan:
 
     def retrievals_after(self, done: RetrieveStage) -> list[RetrieveStage]:
         ids = [s.id for s in self.shards]
-        i = ids.index(shard_id(done.qids))
+        i = ids.index(self.shard_of(done))
         if not done.calls_model:
             return [self.retrieves[(done.retriever, sid)] for sid in ids[i + 1 : i + 2]]
         later = ids[1:] if i == 0 else []
         return [self.retrieves[(done.retriever, sid)] for sid in later]
+
+    def retrieval_order(self) -> list[RetrieveStage]:
+        """Every retrieval in the order the schedule above starts them when each is done before the next starts: a
+        run's head start runs them so (flows/head_start.py)."""
+        queue, order = list(self.first_retrievals()), []
+        while queue:
+            order.append(queue.pop(0))
+            queue += self.retrievals_after(order[-1])
+        return order
+
+    def shard_of(self, stage: RetrieveStage) -> str:
+        return shard_id(stage.qids)
 
 
 def shard(qids: Sequence[str], size: int) -> list[list[str]]:

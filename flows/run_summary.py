@@ -79,7 +79,7 @@ class StageClock:
     """Wall time per stage of the flow, each from the end of the one before."""
 
     def __init__(self, started: float | None = None) -> None:
-        """`started`: when the run's work began, if before the flow (flows/warmup.py): reported as "start-up"."""
+        """`started`: when the run's work began, if before the flow (flows/head_start.py): reported as "start-up"."""
         self._last = time.perf_counter()
         self.started = started or self._last
         self.seconds: dict[str, float] = {"start-up": round(self._last - started, 2)} if started else {}

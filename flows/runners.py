@@ -17,13 +17,12 @@ def task_runner_for(runner: str, workers: int, scheduler_address: str | None = N
 
     if scheduler_address:
         return DaskTaskRunner(address=scheduler_address)
-    from tasks.context import PROCESSES_ENV
+    from engines.concurrency import task_process_env
 
     # processes: retrieval (JVM, FAISS) and parsing are CPU work; a few threads each for model-call waits. Each
-    # worker bounds its own model calls, so it gets 1/workers of model.concurrency (the whole run's bound);
-    # workers of an existing scheduler need RAGLEDGER_ENDPOINT_PROCESSES set by whoever starts them
+    # worker bounds its own model calls, so it gets 1/workers of model.concurrency (the whole run's bound)
     return DaskTaskRunner(cluster_kwargs={"n_workers": workers, "threads_per_worker": 4, "processes": True,
-                                          "dashboard_address": None, "env": {PROCESSES_ENV: str(workers)}})
+                                          "dashboard_address": None, "env": task_process_env(workers)})
 
 
 HEARTBEAT_SETTINGS = ("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", "PREFECT_RUNNER_HEARTBEAT_FREQUENCY")

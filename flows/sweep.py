@@ -15,6 +15,7 @@ from prefect.runtime import flow_run
 from core import progress
 from flows.endpoint import shared_endpoint
 from flows.execute import run_experiment
+from flows.head_start import HeadStart
 from flows.plan import FLOW_VERSION
 from flows.runners import without_default_heartbeats
 from schemas.spec import AnySpec, ExperimentSpec, SweepSpec, parse_spec
@@ -65,18 +66,20 @@ def sweep_flow(spec: SweepSpec, store_root: str, tracking_uri: str | None = None
 
 
 def run_spec(spec: AnySpec | dict, store_root: str, base_url: str | None = None, tracking_uri: str | None = None,
-             runner: str | None = None, workers: int | None = None, scheduler_address: str | None = None) -> dict:
+             runner: str | None = None, workers: int | None = None, scheduler_address: str | None = None,
+             head_start: HeadStart | None = None) -> dict:
     """A spec with one dataset runs as an experiment (its RunSummary); with a list of datasets, as a sweep
     (a SweepSummary, whose `experiments` holds each RunSummary). Raises MlflowLoggingPending (its `summary` the
     summary) when MLflow did not take some experiment's logging: every experiment ran and stored its events.
-    The typed spec is passed on as it is; a dict (a deployment's parameters) is parsed here, once."""
+    The typed spec is passed on as it is; a dict (a deployment's parameters) is parsed here, once. `head_start`: an
+    experiment's, begun before Prefect was up (flows/head_start.py)."""
     spec = spec if isinstance(spec, ExperimentSpec | SweepSpec) else parse_spec(spec)
     if isinstance(spec, SweepSpec):
         with without_default_heartbeats():
             summary = sweep_flow(spec, store_root, tracking_uri, base_url, runner, workers, scheduler_address)
     else:
         summary = run_experiment(spec, store_root, base_url=base_url, tracking_uri=tracking_uri, runner=runner,
-                                 workers=workers, scheduler_address=scheduler_address)
+                                 workers=workers, scheduler_address=scheduler_address, head_start=head_start)
     experiments = summary.get("experiments", [summary])
     pending = [e["mlflow_pending"] for e in experiments if e.get("mlflow_pending")]
     if pending:

@@ -19,6 +19,7 @@ from rich.table import Table
 from ragledger.cli_common import CORPUS_HELP, console, fail, preflight, stage_progress, usage_error, user_errors
 
 if TYPE_CHECKING:
+    from flows.head_start import HeadStart
     from schemas.spec import AnySpec
 
 app = typer.Typer(
@@ -49,14 +50,11 @@ def _report(exc: BaseException, errors: tuple[type[BaseException], ...]) -> NoRe
     fail(scrub(message) + where, code)
 
 
-def _start_warm_up(spec: AnySpec, store_root: str, runner: str | None, base_url: str | None) -> None:
-    """A first run's start-up work (flows/warmup.py: dataset, corpus, JVM, shards retrieved and, for an endpoint that
-    is already up, their round-1 calls sent) begun in a thread. When it sends calls, wait for the first ones to leave
-    before Prefect's server starts and Prefect is imported: on 2 cores those take half the CPU and the GIL from them."""
-    from flows.warmup import first_calls_sent, sends_early_calls, warm_up
+def _begin_head_start(spec: AnySpec, store_root: str, runner: str | None, base_url: str | None) -> HeadStart | None:
+    """The run begun in a thread before Prefect is up (flows/head_start.py)."""
+    from flows.head_start import HeadStart
 
-    if warm_up(spec, store_root, runner, base_url) is not None and sends_early_calls(spec, base_url):
-        first_calls_sent.wait(timeout=60)
+    return HeadStart.begin(spec, store_root, runner, base_url)
 
 
 def _import_flow_modules() -> None:
@@ -108,12 +106,12 @@ def run(
     _print_run_header(spec)
     with stage_progress():
         try:
-            _start_warm_up(spec, store_root, runner, base_url)
+            head_start = _begin_head_start(spec, store_root, runner, base_url)
             with prefect_api(meanwhile=_import_flow_modules):
                 from flows.sweep import run_spec
 
                 summary = run_spec(spec, store_root, base_url=base_url, runner=runner, workers=workers,
-                                   scheduler_address=scheduler)
+                                   scheduler_address=scheduler, head_start=head_start)
         except typer.Exit:
             raise
         except Exception as exc:  # user errors, the machine's (OSError), defects: one line, traceback in the log

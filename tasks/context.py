@@ -8,12 +8,12 @@ task code runs in the thread runner and on Dask workers.
 from __future__ import annotations
 
 import functools
-import os
 import threading
 from pathlib import Path
 
 from core.paths import StoreLayout
-from engines.llm import LLMClient, api_key_from_env
+from engines.concurrency import process_share
+from engines.llm import EarlyCalls, LLMClient, api_key_from_env
 from engines.llm_cache import LLMCallCache
 from engines.llm_types import Endpoint, endpoint_identity, model_identity
 from schemas.spec import ExperimentSpec
@@ -44,30 +44,21 @@ def retriever_for(spec: ExperimentSpec, name: str, store_root: str, log=print) -
     return _retrievers[key]
 
 
-def llm_client_for(spec: ExperimentSpec, base_url: str, store_root: str, logprobs_base_url: str | None = None) -> LLMClient:
+def llm_client_for(spec: ExperimentSpec, base_url: str, store_root: str, logprobs_base_url: str | None = None,
+                   early: EarlyCalls | None = None) -> LLMClient:
+    """The run's model as a client; `early`: the run's calls sent ahead (flows/head_start.py), which it takes over."""
     endpoint = Endpoint(
         base_url=base_url,
         logprobs_base_url=logprobs_base_url,
         model=spec.model.embedded_model if spec.model.backend == "embedded" else spec.model.name,
         api_key=api_key_from_env(spec.model.api_key_env) if spec.model.backend == "openai" else "not-needed",
-        concurrency=process_concurrency(spec.model.concurrency),
+        concurrency=process_share(spec.model.concurrency),  # engines/concurrency.py
         timeout_s=spec.model.timeout_s,
         max_retries=spec.model.max_retries,
         local_server=spec.model.backend == "embedded",
     )
     return LLMClient(endpoint, model_identity(spec.model), cache=_llm_cache(str(StoreLayout.of(store_root).llm_cache)),
-                     legacy_identity=endpoint_identity(spec.model, base_url))
-
-
-# Set in the worker processes of a local Dask cluster (flows/runners.py task_runner_for): how many processes
-# share one endpoint, so that model.concurrency stays the bound on requests in flight for the whole run.
-PROCESSES_ENV = "RAGLEDGER_ENDPOINT_PROCESSES"
-
-
-def process_concurrency(concurrency: int) -> int:
-    """This process's share of model.concurrency (each process has its own bound; see LLMClient)."""
-    processes = max(1, int(os.environ.get(PROCESSES_ENV) or 1))
-    return max(1, concurrency // processes)
+                     legacy_identity=endpoint_identity(spec.model, base_url), early=early)
 
 
 _cache_lock = threading.Lock()

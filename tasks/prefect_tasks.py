@@ -1,7 +1,7 @@
 """The Prefect tasks of the pipeline's stages: each stage's pure function (tasks/), its result persisted and cached
 under the stage's own key (`Stage.key`: a hash of small inputs chained from upstream), never of live objects.
 
-Kept apart from tasks/ so that planning and running a stage imports no Prefect: a run's warm-up (flows/warmup.py)
+Kept apart from tasks/ so that planning and running a stage imports no Prefect: a run's head start (flows/head_start.py)
 plans and sends the first calls while Prefect is still being imported and its server started.
 """
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Iterable
+import itertools
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import pandas as pd
@@ -15,7 +16,6 @@ from engines.llm import LLMClient, LLMRequest, LLMResponse, run_on_engine
 from schemas.spec import ExperimentSpec
 from strategies.retrievers import Hit, LLMFn, LLMPrompt, Query, Retriever
 from tasks.context import llm_client_for, retriever_for
-from tasks.prefetch import take_prefetched
 from tasks.stages import RetrieveStage, RunContext, StageResult
 from tracking.store.events import event_id, new_events
 
@@ -62,15 +62,40 @@ def queries_of(questions: Iterable[Any]) -> list[Query]:
     return [Query(q["qid"], q["question"], tuple(q["gold_pids"]), tuple(q["answers"])) for q in questions]
 
 
-def run_retrieve(run: RunContext, stage: RetrieveStage, base_url: str = "") -> StageResult:
-    spec, store = run.spec, run.store()
+# what a part of a shard retrieved (its questions and retrieval rows) is handed to while the rest is retrieved
+PartSink = Callable[[pd.DataFrame, list[dict[str, Any]]], None]
+
+
+def retrieve_rows(run: RunContext, stage: RetrieveStage, questions: pd.DataFrame, client: LLMClient | None = None,
+                  on_part: PartSink | None = None, first: int = 0) -> list[dict[str, Any]]:
+    """The retrieve stage's records for the shard's `questions`. With `on_part` and a retriever whose hits for a
+    question do not depend on the other questions of the call (`Retriever.per_query`), the shard is retrieved in parts
+    (its `first` questions, then 3x as many, then the rest), each handed on as soon as it is retrieved: a run's head
+    start sends its round-1 calls (flows/head_start.py)."""
+    spec = run.spec
     retriever = retriever_for(spec, stage.retriever, run.store_root)
-    client = llm_client_for(spec, base_url, run.store_root) if retriever.needs_llm else None
-    results = take_prefetched(stage)
-    if results is None:
-        queries = queries_of(run.questions(store, stage.qids).to_dict("records"))
-        results = retriever.retrieve(queries, retrieval_llm(spec, client) if client else None)
-    rows = retrieval_rows(spec.name, retriever, stage.key, results)
+    n = len(questions)
+    cuts = sorted({0, min(first, n), min(4 * first, n), n}) if on_part and first and retriever.per_query else [0, n]
+    rows: list[dict[str, Any]] = []
+    for a, b in itertools.pairwise(cuts):  # distinct cuts: no part is empty
+        part = questions.iloc[a:b]
+        hits = retriever.retrieve(queries_of(part.to_dict("records")), retrieval_llm(spec, client) if client else None)
+        part_rows = retrieval_rows(spec.name, retriever, stage.key, hits)
+        rows += part_rows
+        if on_part is not None:
+            on_part(part, part_rows)
+    return rows
+
+
+def run_retrieve(run: RunContext, stage: RetrieveStage, base_url: str = "") -> StageResult:
+    """The retrieve stage: its records, retrieved now or taken from the run's head start, which retrieved them ahead."""
+    spec, store = run.spec, run.store()
+    client = None
+    rows = run.ahead.take_retrieval(stage) if run.ahead is not None else None
+    if rows is None:
+        if retriever_for(spec, stage.retriever, run.store_root).needs_llm:
+            client = llm_client_for(spec, base_url, run.store_root)
+        rows = retrieve_rows(run, stage, run.questions(store, stage.qids), client)
     crashpoint("retrieve.done")
     segment = store.write("retrievals", new_events("retrievals", spec.name, rows)) if rows else None
     progress.advance("retrieve questions", len(stage.qids))

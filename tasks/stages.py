@@ -18,13 +18,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from core.cell import Cell
 from engines.llm_types import endpoint_identity
 from schemas.spec import ExperimentSpec
 from tracking.store.catalog import segment_exists
 from tracking.store.events import EventStore, stable_hash
+
+if TYPE_CHECKING:
+    from engines.llm import EarlyCalls
 
 # the flow version the first key of every chain carries (filter, retrieve): bumping it re-runs every stage
 KEY_VERSION = "1"
@@ -68,6 +71,18 @@ def model_key(spec: ExperimentSpec) -> str:
     return stable_hash(_stage_model_fields(spec))
 
 
+class StartedAhead(Protocol):
+    """A run's head start as its stage tasks meet it (flows/head_start.py): the retrievals it made before Prefect was
+    up, whose records a retrieve task takes instead of retrieving again, and the model calls it sent ahead."""
+
+    early_calls: EarlyCalls
+
+    def take_retrieval(self, stage: RetrieveStage) -> list[dict[str, Any]] | None: ...
+
+    def stop(self) -> None:
+        """The flow executes its plan from here: no further stage is taken on ahead."""
+
+
 @dataclass(frozen=True)
 class RunContext:
     """What every task of one run shares: the spec (the typed model, parsed once by whoever started the run; it
@@ -78,6 +93,12 @@ class RunContext:
     store_root: str
     questions_segment: str
     run_token: str
+    # the run's head start (flows/head_start.py), when `ragledger run` began it before Prefect was up; never with Dask
+    ahead: StartedAhead | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def early_calls(self) -> EarlyCalls | None:
+        return self.ahead.early_calls if self.ahead is not None else None
 
     def store(self) -> EventStore:
         return EventStore(self.store_root)

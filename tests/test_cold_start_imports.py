@@ -38,19 +38,19 @@ def test_the_run_path_imports_nothing_heavy():
     assert heavy_modules_after("import ragledger.cli, flows.experiment, flows.sweep") == []
 
 
-def test_a_first_run_imports_no_pandas_before_its_warm_up(tmp_path):
+def test_a_first_run_imports_no_pandas_before_its_head_start(tmp_path):
     """`ragledger run` names its user errors, loads and checks the spec (retriever names, dataset, API key), checks
-    where it will write and looks for a cached answer before its warm-up starts the JVM and reads the corpus
-    (flows/warmup.py); pandas, pyarrow and pandera are imported there, beside the JVM's start, not before it on the
+    where it will write and looks for a cached answer before its head start starts the JVM and reads the corpus
+    (flows/head_start.py); pandas, pyarrow and pandera are imported there, beside the JVM's start, not before it on the
     way to the first model call. The command runs as a user starts it, in an empty directory, stopped where the
-    warm-up would start."""
+    head start would begin."""
     script = ("import json, os, sys\n"
               "import ragledger.cli as cli\n"
               "def stop(*args, **kwargs):\n"
               "    heavy = {m.split('.')[0] for m in sys.modules} & {'pandas', 'pyarrow', 'pandera'}\n"
               "    print(json.dumps(sorted(heavy)), flush=True)\n"
               "    os._exit(0)  # skips the interpreter's flush: the line above flushes itself (stdout is a pipe)\n"
-              "cli._start_warm_up = stop\n"
+              "cli._begin_head_start = stop\n"
               f"sys.argv = ['ragledger', 'run', {str(REPO / 'configs' / 'demo.yaml')!r}]\n"
               "cli.main()\n")
     proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True,
@@ -129,44 +129,59 @@ def test_gold_answers_are_embedded_while_the_calls_are_in_flight(workspace, pref
     assert golds <= embedded, golds - embedded
 
 
-def test_the_warm_up_hands_its_shards_and_early_calls_to_the_flow(workspace, prefect_harness, monkeypatch):  # noqa: F811
-    """flows/warmup.py, started by `ragledger run` before Prefect is up: it retrieves the shards and sends their
-    round-1 calls to the endpoint (up already: the scripted server). The flow's retrieve tasks take those hits
-    instead of searching again, its generate tasks take the early answers over as their own calls, the server sees
-    no call twice, the results are those of a run without it, and a rerun (its stages persisted by Prefect)
-    prepares nothing. The first shard is retrieved in two parts (its first question, then the rest), as a larger
+def test_the_head_start_hands_its_stages_and_early_calls_to_the_flow(workspace, prefect_harness, monkeypatch):  # noqa: F811
+    """flows/head_start.py, begun by `ragledger run` before Prefect is up: it plans the run, retrieves the plan's
+    retrieve stages with the retrieve stage's function and sends their round-1 calls to the endpoint (up already: the
+    scripted server). The flow takes the run it planned, its retrieve tasks take and store those records instead of
+    searching again, its generate tasks take the early answers over as their own calls, the server sees no call
+    twice, the results are those of a run without it, and a rerun (its stages persisted by Prefect) retrieves
+    nothing ahead. The first shard is retrieved in two parts (its first question, then the rest), as a larger
     shard's first 16 questions are."""
-    import engines.llm
-    import flows.warmup
-    import tasks.prefetch
-    from flows.warmup import take_started_at, warm_up
+    import flows.execute
+    import flows.head_start
+    from flows.execute import run_experiment
+    from flows.head_start import HeadStart
+    from flows.prepare import plan_run
     from schemas.spec import parse_spec
+
+    prepared_by_flow: list[str] = []
+    monkeypatch.setattr(flows.execute, "plan_run", lambda spec, root: prepared_by_flow.append(root) or plan_run(spec, root))
+
+    def begun(spec: dict) -> HeadStart:
+        head = HeadStart.begin(parse_spec(spec), spec["tracking"]["store"], None)
+        assert head is not None
+        head.thread.join()  # not stopped: it runs every retrieve stage
+        return head
+
+    def run_with(spec: dict, head: HeadStart) -> dict:
+        return run_experiment(spec, spec["tracking"]["store"], head_start=head)
 
     with ScriptedServer(answer=answer_from_context) as server:
         spec = make_spec(workspace, server.base_url)
-        monkeypatch.setattr(flows.warmup, "FIRST_QUESTIONS", 1)
-        warm_up(parse_spec(spec), spec["tracking"]["store"], None).join()  # not stopped: it prepares every shard
-        shards = len(tasks.prefetch._prefetched)
-        assert shards == 3 * 2  # 5 questions in shards of 2, for bm25@2 and none
-        early = len(engines.llm._EARLY)
+        monkeypatch.setattr(flows.head_start, "FIRST_QUESTIONS", 1)
+        head = begun(spec)
+        prepared = head.prepared()
+        assert prepared is not None
+        stages = len(head._retrievals)
+        assert stages == 3 * 2  # 5 questions in shards of 2, for bm25@2 and none
+        early = len(head.early_calls)
         assert early > 0
-        warmed = run_flow(spec)
-        assert tasks.prefetch._prefetched == {} and engines.llm._EARLY == {}  # each taken by its own task
+        warmed = run_with(spec, head)
+        assert head._retrievals == {} and len(head.early_calls) == 0  # each taken by its own task
+        assert prepared_by_flow == []  # the flow ran the run its head start planned
         warmed_server_calls = server.calls
-        assert warm_up(parse_spec(spec), spec["tracking"]["store"], None).join() is None
-        assert tasks.prefetch._prefetched == {} and engines.llm._EARLY == {}  # all persisted: nothing to prepare
-        take_started_at()  # that warm-up's run is not run here
-        cold = run_flow({**spec, "tracking": {**spec["tracking"], "store": str(workspace / "store-without-warm-up")}})
-        # the second store has no call cache: every call again, as many as with the warm-up
+        again_head = begun(spec)
+        assert again_head._retrievals == {} and len(again_head.early_calls) == 0  # all persisted: nothing ahead
+        cold = run_flow({**spec, "tracking": {**spec["tracking"], "store": str(workspace / "store-without-head-start")}})
+        # the second store has no call cache: every call again, as many as with the head start
         assert server.calls - warmed_server_calls == warmed_server_calls == warmed["llm_calls"] == cold["llm_calls"]
         # the first store deleted: Prefect's persisted results remain, but the flow runs every stage again whose
-        # segment is gone, so the warm-up prepares every shard again instead of leaving it all to the flow
+        # segment is gone, so the head start retrieves every stage again instead of leaving it all to the flow
         shutil.rmtree(spec["tracking"]["store"])
-        warm_up(parse_spec(spec), spec["tracking"]["store"], None).join()
-        assert len(tasks.prefetch._prefetched) == shards and len(engines.llm._EARLY) == early
-        again = run_flow(spec)
-        assert engines.llm._EARLY == {}  # every early call taken over by its generate task
-        tasks.prefetch._prefetched.clear()  # "none" retrieves nothing: its persisted result stands, unclaimed here
+        head = begun(spec)
+        assert len(head._retrievals) == stages and len(head.early_calls) == early
+        again = run_with(spec, head)
+        assert len(head.early_calls) == 0  # every early call taken over by its generate task
         # (this process's model-call process still holds the deleted store's call cache: hits, not calls)
         assert again["llm_calls"] + again["cache_hits"] == cold["llm_calls"] + cold["cache_hits"]
         assert again["cells"] == cold["cells"]

@@ -205,7 +205,7 @@ def test_a_faiss_directory_in_pyserinis_layout_serves_dense_retrieval(tmp_path, 
 
 
 def test_a_run_on_a_pyserini_index_gives_the_outcomes_of_a_run_on_its_passage_file(tmp_path):
-    """The whole flow (warm-up, retrieve, generate, evaluate) with `--corpus lucene:INDEX` over an index Pyserini built
+    """The whole flow (head start, retrieve, generate, evaluate) with `--corpus lucene:INDEX` over an index Pyserini built
     of the workspace's passages: the same outcomes as the run on the passage file itself."""
     from tests.fakes.openai_server import ScriptedServer
     from tests.test_reliability import cli, make_data, outcome_table, reader, write_spec

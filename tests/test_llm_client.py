@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from engines import call_processes
-from engines.llm import BackendError, LLMClient, LLMRequest, run_on_engine
+from engines import call_processes, concurrency
+from engines.llm import BackendError, EarlyCalls, LLMClient, LLMRequest, run_on_engine
 from engines.llm_cache import LLMCallCache
 from engines.llm_types import Endpoint
 from tests.fakes.openai_server import Faults, ScriptedServer
@@ -221,11 +221,19 @@ def test_logprob_calls_go_to_the_logprobs_endpoint_under_one_concurrency_bound()
 
 
 def test_worker_processes_share_the_concurrency_bound(monkeypatch):
-    from tasks.context import PROCESSES_ENV, process_concurrency
+    from engines.concurrency import PROCESSES_ENV, process_share
 
-    assert process_concurrency(64) == 64
+    assert process_share(64) == 64
     monkeypatch.setenv(PROCESSES_ENV, "2")
-    assert (process_concurrency(64), process_concurrency(3), process_concurrency(1)) == (32, 1, 1)
+    assert (process_share(64), process_share(3), process_share(1)) == (32, 1, 1)
+
+
+def test_the_bound_is_divided_in_one_place():
+    """engines/concurrency.py: a process's bound over its model-call processes, the shares adding up to it, and what
+    the parent hands out at most (the shares plus a backlog each)."""
+    assert [concurrency.call_process_share(65, i, 2) for i in range(2)] == [33, 32]
+    assert [concurrency.call_process_share(7, i, 3) for i in range(3)] == [3, 2, 2]
+    assert concurrency.outstanding_bound(64, 2) == 64 + 2 * concurrency.BACKLOG_PER_CALL_PROCESS
 
 
 def test_an_endpoint_found_down_fails_the_queued_calls_at_once(monkeypatch):
@@ -310,8 +318,8 @@ def test_an_endpoint_allowing_many_requests_in_flight_spreads_them_over_processe
     import asyncio
 
 
-    monkeypatch.setattr(call_processes, "MAX_CALL_PROCESSES", 2)  # as on a 2-core machine, whatever this one has
-    assert [call_processes.call_processes_for(c) for c in (1, 4, 31, 32, 63, 64, 65, 256)] == [1, 1, 1, 1, 1, 2, 2, 2]
+    monkeypatch.setattr(concurrency, "MAX_CALL_PROCESSES", 2)  # as on a 2-core machine, whatever this one has
+    assert [concurrency.call_processes_for(c) for c in (1, 4, 31, 32, 63, 64, 65, 256)] == [1, 1, 1, 1, 1, 2, 2, 2]
     with ScriptedServer(answer=lambda s, p, b: p.upper(), delay_s=0.1) as server:
         c = client(server, concurrency=65)
 
@@ -334,8 +342,8 @@ def test_calls_wait_here_beyond_a_small_backlog_per_process_so_the_processes_fin
     import asyncio
 
 
-    monkeypatch.setattr(call_processes, "MAX_CALL_PROCESSES", 2)
-    monkeypatch.setattr(call_processes, "BACKLOG_PER_CALL_PROCESS", 3)
+    monkeypatch.setattr(concurrency, "MAX_CALL_PROCESSES", 2)
+    monkeypatch.setattr(concurrency, "BACKLOG_PER_CALL_PROCESS", 3)
     with ScriptedServer(answer=lambda s, p, b: p.upper(), delay_s=0.02) as server:
         c = client(server, concurrency=64)
         most: list[int] = []
@@ -355,13 +363,13 @@ def test_calls_wait_here_beyond_a_small_backlog_per_process_so_the_processes_fin
 
 
 def test_processes_held_back_take_no_call_until_released(monkeypatch):
-    """The warm-up starts one model-call process and holds the others back while the JVM starts
-    (flows/warmup.py): meanwhile calls stay within the first process's share of the bound (33 of 65); released,
+    """A run's head start starts one model-call process and holds the others back while the JVM starts
+    (flows/head_start.py): meanwhile calls stay within the first process's share of the bound (33 of 65); released,
     the others take calls again."""
     import asyncio
 
 
-    monkeypatch.setattr(call_processes, "MAX_CALL_PROCESSES", 2)
+    monkeypatch.setattr(concurrency, "MAX_CALL_PROCESSES", 2)
     with ScriptedServer(answer=lambda s, p, b: p.upper(), delay_s=0.05) as server:
         c = client(server, concurrency=65)
 
@@ -458,7 +466,7 @@ def test_many_connections_opening_a_new_cache_file_at_once_all_succeed(tmp_path)
 
 def test_a_call_answered_before_does_not_queue_behind_the_calls_in_flight(tmp_path):
     """Two questions of a run with the same text and passages make the same call. Once it is answered, the second
-    takes the cached answer at once; it used to join the back of the queue (a warm-up's 10,000 calls: its shard,
+    takes the cached answer at once; it used to join the back of the queue (a head start's 10,000 calls: its shard,
     vote and evaluation then finished last). Here 400 calls to a server answering after 1 s, 64 in flight, are
     queued ahead of it: it must come back before the first of them is answered."""
     proc = subprocess.Popen([sys.executable, "-m", "tests.fakes.latency_server", "--delay", "1.0"],
@@ -468,7 +476,7 @@ def test_a_call_answered_before_does_not_queue_behind_the_calls_in_flight(tmp_pa
         assert line and line[0] == "ready", line
         base_url = f"http://127.0.0.1:{line[1]}"
         c = LLMClient(Endpoint(base_url=f"{base_url}/v1", model="latency", concurrency=64), model_identity="fake",
-                      cache=LLMCallCache(tmp_path / "c.sqlite"))
+                      cache=LLMCallCache(tmp_path / "c.sqlite"), early=EarlyCalls())
         assert not run_on_engine(c.complete(req("Question: answered before?"))).from_cache
         queued = [req(f"Question: queued {i}?") for i in range(400)]
         c.send_early(queued)
@@ -482,7 +490,7 @@ def test_a_call_answered_before_does_not_queue_behind_the_calls_in_flight(tmp_pa
             return await asyncio.gather(*(c.complete(q) for q in queued))
 
         run_on_engine(take_over())
-        assert c.counters.calls == 401
+        assert c.counters.calls == 401 and len(c.early) == 0
     finally:
         proc.terminate()
         proc.wait(timeout=10)

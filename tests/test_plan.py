@@ -103,6 +103,10 @@ def test_the_retrieval_schedule(tmp_path):
     compress = [p.retrieves[("compress(bm25@2)", s)] for s in (s0, s1, s2)]
     assert p.retrievals_after(compress[0]) == compress[1:] and p.retrievals_after(compress[1]) == []
     assert compress[0].calls_model and not p.retrieves[("bm25@2", s0)].calls_model
+    # the same schedule, each retrieval done before the next starts (a run's head start): shard by shard, each
+    # retriever in turn, until the model-calling one's later shards come all at once
+    bm25 = [p.retrieves[("bm25@2", s)] for s in (s0, s1, s2)]
+    assert p.retrieval_order() == [bm25[0], compress[0], bm25[1], *compress[1:], bm25[2]]
 
 
 def test_a_stage_key_changes_with_each_input_and_only_downstream(tmp_path):

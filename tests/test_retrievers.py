@@ -366,7 +366,7 @@ def test_gold_needs_a_dataset_with_gold_paragraphs():
 
 
 def test_only_lexical_retrievers_may_be_retrieved_in_parts():
-    """`Retriever.per_query` (flows/warmup.py retrieves a first shard in two parts only where it holds): an encoder's
+    """`Retriever.per_query` (flows/head_start.py retrieves a first shard in parts only where it holds): an encoder's
     batch padding moves its scores, so dense, rerank and hybrid retrieval are not; wrappers take their inner one's."""
     from strategies.retrievers import parse_retriever
 
@@ -379,7 +379,7 @@ def test_only_lexical_retrievers_may_be_retrieved_in_parts():
 
 
 def test_start_engine_reaches_the_bm25_inside_every_wrapper(monkeypatch):
-    """Retriever.start_engine (the warm-up starts the JVM with it, flows/warmup.py): hybrid, trunc and gold pass it
+    """Retriever.start_engine (a run's head start starts the JVM with it, flows/head_start.py): hybrid, trunc and gold pass it
     to the retrievers they wrap; one without an engine does nothing."""
     from strategies.retrievers import parse_retriever
     from strategies.retrievers.bm25 import BM25

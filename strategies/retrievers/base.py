@@ -56,7 +56,7 @@ class Retriever(ABC):
     needs_corpus: bool = True  # False: closed book, parametric (no index to build)
     needs_llm: bool = False  # True: retrieve() must be given an LLMFn (compression, parametric)
     # True: a query's hits do not depend on the other queries of the batch (a lexical index; not an encoder, whose
-    # batch padding moves scores in the last bits), so a shard may be retrieved in parts (flows/warmup.py)
+    # batch padding moves scores in the last bits), so a shard may be retrieved in parts (flows/head_start.py)
     per_query: bool = False
 
     def __init__(self, name: str):
@@ -64,7 +64,7 @@ class Retriever(ABC):
 
     def start_engine(self) -> None:  # noqa: B027 (optional hook)
         """Start what searching needs before the corpus and its index are known (BM25: the JVM and Anserini's searcher
-        class, ~1 s). A run's warm-up calls it in a thread of its own while it reads the dataset (flows/warmup.py)."""
+        class, ~1 s). A run's head start calls it in a thread of its own while it reads the dataset (flows/head_start.py)."""
 
     def prepare(self, corpus: Corpus, index_root: Path, log=print) -> None:  # noqa: B027 (optional hook)
         """Build or open whatever index this retriever needs (cached by corpus hash)."""

@@ -1,0 +1,56 @@
+"""The one owner of a run's bound on model calls in flight (`model.concurrency`): how it is divided, and what keeps
+each part. Nothing else divides it. The bound holds for the whole run:
+
+1. over the processes that run its tasks (the flow's own, or each worker of a local Dask cluster), an even share
+   each (`process_share`; flows/runners.py tells a worker how many share the bound with `task_process_env`);
+2. within one such process, over its model-call processes (engines/call_processes.py): one per
+   REQUESTS_PER_CALL_PROCESS requests, at most one per core (`call_processes_for`), each taking `call_process_share`;
+   the parent hands out at most `outstanding_bound` calls at once;
+3. each model-call process keeps its share with the call gate of its endpoint (engines/call_gate.py, opened in
+   engines/llm_http.py with the share as its slots).
+"""
+
+from __future__ import annotations
+
+import os
+
+# set in the worker processes of a local Dask cluster: how many processes share one endpoint's bound (workers of
+# an existing scheduler need it set by whoever starts them)
+PROCESSES_ENV = "RAGLEDGER_ENDPOINT_PROCESSES"
+# One model-call process per this many requests in flight, and at most one per core. One process's CPU per
+# request (~0.7 ms in the openai client) bounds it at hundreds of requests a second: answers arrive in waves and
+# wait for each other. P1 (10,000 calls, 64 in flight, 100 ms each): the flow took 19.5 s with one process and
+# 18.2-18.8 s with two (docs/performance.md).
+REQUESTS_PER_CALL_PROCESS = 32
+MAX_CALL_PROCESSES = os.cpu_count() or 1
+# Calls a model-call process may hold beyond its share: queued there, they go out the moment a slot frees, even
+# while task threads hold this process's GIL (128 is ~0.4 s of P1's calls per process). The rest wait in the parent,
+# so the processes finish together: handed out all at once when queued, a shard's calls left one process with ~600
+# to make alone, 32 in flight, for the last 2 s of P1 while the other idled.
+BACKLOG_PER_CALL_PROCESS = 128
+
+
+def task_process_env(processes: int) -> dict[str, str]:
+    """The environment of a task process that shares the bound with `processes - 1` others."""
+    return {PROCESSES_ENV: str(processes)}
+
+
+def process_share(concurrency: int) -> int:
+    """This task process's share of the run's bound."""
+    processes = max(1, int(os.environ.get(PROCESSES_ENV) or 1))
+    return max(1, concurrency // processes)
+
+
+def call_processes_for(concurrency: int) -> int:
+    """How many model-call processes share a task process's bound of `concurrency` requests in flight."""
+    return max(1, min(MAX_CALL_PROCESSES, concurrency // REQUESTS_PER_CALL_PROCESS))
+
+
+def call_process_share(concurrency: int, i: int, n: int) -> int:
+    """Model-call process i of n's share of `concurrency` (the first ones take the rest): the shares add up to it."""
+    return concurrency // n + (1 if i < concurrency % n else 0)
+
+
+def outstanding_bound(concurrency: int, n: int) -> int:
+    """Calls n model-call processes with `concurrency` between them may hold at once: in flight, or queued there."""
+    return concurrency + n * BACKLOG_PER_CALL_PROCESS

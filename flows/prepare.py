@@ -1,0 +1,43 @@
+"""A run prepared: its questions loaded and sampled (seeded), its plan (flows/plan.py), then its questions stored once
+and its indexes built or opened before shards fan out. The flow prepares its run here, or takes the run its head
+start planned here before Prefect was up (flows/head_start.py) and stores it; nothing here imports Prefect."""
+
+from __future__ import annotations
+
+import uuid
+from typing import NamedTuple
+
+from core.datasets import Question
+from flows.plan import ExperimentPlan, plan, question_rows
+from schemas.spec import ExperimentSpec
+from strategies.retrievers import parse_retriever
+from tasks.context import corpus_for, retriever_for
+from tasks.stages import RunContext, StartedAhead
+from tracking.store.events import EventStore, new_events
+
+
+class PreparedRun(NamedTuple):
+    plan: ExperimentPlan
+    run: RunContext
+    questions: list[Question]
+
+
+def plan_run(spec: ExperimentSpec, store_root: str, ahead: StartedAhead | None = None) -> PreparedRun:
+    """The run of `spec` in `store_root`, planned; nothing written yet. `ahead`: its head start, which its tasks meet."""
+    questions = spec.dataset.sampled_questions()
+    needs_corpus = any(parse_retriever(r).needs_corpus for r in spec.retrievers)
+    the_plan = plan(spec, questions, store_root=store_root,
+                    corpus_hash=corpus_for(spec).corpus_hash if needs_corpus else "")
+    return PreparedRun(the_plan, RunContext(spec, store_root, the_plan.questions_segment, uuid.uuid4().hex, ahead),
+                       questions)
+
+
+def store_run(prepared: PreparedRun) -> None:
+    """The planned run's questions stored (the segment its plan names) and its retrievers' indexes built or opened."""
+    _, run, questions = prepared
+    store = EventStore(run.store_root)
+    store.remove_abandoned_temp_files()
+    written = str(store.write("questions", new_events("questions", run.spec.name, question_rows(run.spec, questions))))
+    assert written == run.questions_segment, (written, run.questions_segment)  # a segment is named by its events
+    for r in run.spec.retrievers:
+        retriever_for(run.spec, r, run.store_root)
