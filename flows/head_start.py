@@ -135,11 +135,11 @@ class HeadStart:
 
                 start_first_call_process()
             first_in_store = self._start_engines_of_a_first_run()
-            persisted = self._persisted_check()
             try:
                 from flows.prepare import plan_run
 
                 prepared = plan_run(self.spec, self.store_root, ahead=self)
+                persisted = _persisted_check(prepared.run.questions_segment)  # before the flow may store it
             except BaseException as exc:
                 self._prepared.set_exception(exc)
                 raise
@@ -165,18 +165,6 @@ class HeadStart:
         if first_in_store:
             _start_engines([name for name in self.spec.retrievers if not parse_retriever(name).needs_llm])
         return first_in_store
-
-    def _persisted_check(self) -> Callable[[str], bool]:
-        """Whether the flow will take a stage's result from Prefect's persisted results: one file per cache key, in the
-        folder ragledger/prefect_env.py sets (asking Prefect itself would import it and start its own ephemeral server,
-        the API not being up yet). Those files outlive a deleted store, but the flow runs again every stage whose
-        segment is gone (flows/pipeline.py): with the run's questions segment gone too (looked at before the run
-        stores it), none of them counts."""
-        from flows.plan import questions_segment_for
-
-        results = Path(os.environ["PREFECT_LOCAL_STORAGE_PATH"])
-        stored = segment_exists(questions_segment_for(self.spec, self.spec.dataset.sampled_questions(), self.store_root))
-        return lambda key: stored and (results / key).exists()
 
     def _retrieve(self, prepared: PreparedRun, persisted: Callable[[str], bool], first_in_store: bool) -> None:
         """The plan's retrieve stages in its order (each retriever's first shard only, when no call is sent early),
@@ -237,6 +225,16 @@ def _round_one_sender(prepared: PreparedRun, stage: RetrieveStage, client: LLMCl
         client.start_call_processes()  # the first calls left: the other model-call processes now
 
     return send
+
+
+def _persisted_check(questions_segment: str) -> Callable[[str], bool]:
+    """Whether the flow will take a stage's result from Prefect's persisted results: one file per cache key, in the
+    folder ragledger/prefect_env.py sets (asking Prefect itself would import it and start its own ephemeral server,
+    the API not being up yet). Those files outlive a deleted store, but the flow runs again every stage whose
+    segment is gone (flows/pipeline.py): with the run's questions segment gone too, none of them counts."""
+    results = Path(os.environ["PREFECT_LOCAL_STORAGE_PATH"])
+    stored = segment_exists(questions_segment)
+    return lambda key: stored and (results / key).exists()
 
 
 def _up_already(spec: ExperimentSpec, base_url: str | None) -> str | None:
