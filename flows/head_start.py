@@ -135,19 +135,17 @@ class HeadStart:
 
                 start_first_call_process()
             first_in_store = self._start_engines_of_a_first_run()
-            try:
-                from flows.prepare import plan_run
+            from flows.prepare import plan_run
 
-                prepared = plan_run(self.spec, self.store_root, ahead=self)
-                persisted = _persisted_check(prepared.run.questions_segment)  # before the flow may store it
-            except BaseException as exc:
-                self._prepared.set_exception(exc)
-                raise
+            prepared = plan_run(self.spec, self.store_root, ahead=self)
+            persisted = _persisted_check(prepared.run.questions_segment)  # before the flow may store it
             self._prepared.set_result(prepared)
             self._retrieve(prepared, persisted, first_in_store)
         except Exception as exc:  # the flow does the same work and reports what fails, with its context
             log.debug("head start stopped: %s", exc)
         finally:
+            if not self._prepared.done():  # stopped before the run was planned: the flow plans it, not waiting here
+                self._prepared.set_exception(RuntimeError("the head start stopped before the run was planned"))
             self.first_calls_sent.set()
 
     def _start_engines_of_a_first_run(self) -> bool:

@@ -188,3 +188,22 @@ def test_the_head_start_hands_its_stages_and_early_calls_to_the_flow(workspace, 
     assert early == warmed["llm_calls"]  # every round-1 call (these readers have one round) went early
     assert warmed["cells"] == cold["cells"]
     assert "start-up" in warmed["stage_seconds"] and "start-up" not in cold["stage_seconds"]
+
+
+def test_a_head_start_that_stops_before_planning_leaves_the_flow_to_plan(workspace, monkeypatch):  # noqa: F811
+    """Whatever stops a head start before the run is planned (here the search engines' start), the flow waiting for
+    its plan gets none at once and plans the run itself (flows/head_start.py `prepared`), and `ragledger run` is not
+    held waiting for first calls that will not leave."""
+    from flows.head_start import HeadStart
+    from schemas.spec import parse_spec
+
+    def no_engines(self):
+        raise OSError("no JVM on this machine")
+
+    monkeypatch.setattr(HeadStart, "_start_engines_of_a_first_run", no_engines)
+    spec = make_spec(workspace, "http://127.0.0.1:9/v1")  # an endpoint up already: calls would be sent early
+    head = HeadStart.begin(parse_spec(spec), spec["tracking"]["store"], None)
+    assert head is not None
+    head.thread.join(timeout=60)
+    assert not head.thread.is_alive() and head.first_calls_sent.is_set()
+    assert head.prepared() is None
