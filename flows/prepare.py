@@ -10,8 +10,7 @@ from typing import NamedTuple
 from core.datasets import Question
 from flows.plan import ExperimentPlan, plan, question_rows
 from schemas.spec import ExperimentSpec
-from strategies.retrievers import parse_retriever
-from tasks.context import corpus_for, retriever_for
+from tasks.context import retriever_for
 from tasks.stages import RunContext, StartedAhead
 from tracking.store.events import EventStore, new_events
 
@@ -25,9 +24,7 @@ class PreparedRun(NamedTuple):
 def plan_run(spec: ExperimentSpec, store_root: str, ahead: StartedAhead | None = None) -> PreparedRun:
     """The run of `spec` in `store_root`, planned; nothing written yet. `ahead`: its head start, which its tasks meet."""
     questions = spec.dataset.sampled_questions()
-    needs_corpus = any(parse_retriever(r).needs_corpus for r in spec.retrievers)
-    the_plan = plan(spec, questions, store_root=store_root,
-                    corpus_hash=corpus_for(spec).corpus_hash if needs_corpus else "")
+    the_plan = plan(spec, questions, store_root=store_root)  # its questions segment named, its corpus hash read
     return PreparedRun(the_plan, RunContext(spec, store_root, the_plan.questions_segment, uuid.uuid4().hex, ahead),
                        questions)
 
