@@ -66,15 +66,15 @@ class HeadStart:
     )
 
     def __init__(self, spec: ExperimentSpec, store_root: str, base_url: str | None) -> None:
-        from engines.llm import EarlyCalls
-
         self.spec, self.store_root = spec, store_root
         self.url = _up_already(spec, base_url)  # the endpoint, when it is up before the flow: calls are sent early
         self.started_at = time.perf_counter()  # the run's work started here, not with the flow
         # set once the first shard's calls are sent (or the head start ended without): `ragledger run` starts
         # Prefect's server and imports Prefect only then, so the first calls do not share 2 cores and the GIL with them
         self.first_calls_sent = threading.Event()
-        self.early_calls: EarlyCalls = EarlyCalls()
+        # made in the thread, before the run is planned and so before any task can meet it: the client's import
+        # (~40 ms) here would hold back the search engines' start
+        self.early_calls: EarlyCalls
         self._prepared: concurrent.futures.Future[PreparedRun] = concurrent.futures.Future()
         # stage key -> the records of a retrieve stage retrieved here, taken once by that stage's task. Claims are taken
         # only until `stop`, so a retrieve task either finds its stage claimed and waits for it, or retrieves it alone
@@ -135,8 +135,10 @@ class HeadStart:
 
                 start_first_call_process()
             first_in_store = self._start_engines_of_a_first_run()
+            from engines.llm import EarlyCalls
             from flows.prepare import plan_run
 
+            self.early_calls = EarlyCalls()
             prepared = plan_run(self.spec, self.store_root, ahead=self)
             persisted = _persisted_check(prepared.run.questions_segment)  # before the flow may store it
             self._prepared.set_result(prepared)
