@@ -37,19 +37,19 @@ def load_outcomes(store_root: str | Path, experiment: str, execution: dict | Non
     outcome of the experiment. Restricting to one execution keeps an earlier run with another question
     sample or prompt version from being mixed into the analysis."""
     store = EventStore(store_root)
+    existing: list[Path] = []
     if execution is not None:
         paths = sorted({p for segs in execution.get("segments", {}).values() for p in segs.get("outcomes", [])})
         existing = [Path(p) for p in paths if segment_exists(p)]
         if paths and len(existing) < len(paths):
             missing = next(p for p in paths if not segment_exists(p))
             raise AnalysisError(f"{execution.get('manifest_path')}: outcome segment {missing} is missing from the store")
-        if existing:  # in (cell, question) order: the files' own order differs between a pack and its segments
-            return store.read("outcomes", paths=existing).sort_values(["cell", "qid"], kind="stable").reset_index(drop=True)
-    df = store.read("outcomes", experiment).sort_values(["cell", "qid"], kind="stable").reset_index(drop=True)
-    if df.empty:
+    df = store.read("outcomes", paths=existing) if existing else store.read("outcomes", experiment)
+    if df.empty and not existing:
         where = Path(store_root) / "outcomes" / experiment
         raise AnalysisError(f"experiment {experiment!r}: no outcome records under {where}")
-    return df
+    # in (cell, question) order: the files' own order differs between a pack and the segments it replaced
+    return df.sort_values(["cell", "qid"], kind="stable").reset_index(drop=True)
 
 
 def experiment_outcomes(store_root: str | Path, experiment: str) -> pd.DataFrame:
