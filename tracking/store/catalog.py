@@ -136,10 +136,14 @@ def segment_exists(path: str | Path) -> bool:
 
 @contextlib.contextmanager
 def reading(root: str | Path) -> Iterator[None]:
-    """Hold the store's readers' lock (shared) for a listing and the reads that follow it. A store never compacted
-    has no lock file and needs none; one that cannot be opened (permissions) is read without it."""
+    """Hold the store's readers' lock (shared) for a listing and the reads that follow it. The lock file is made here
+    too when missing: a reader of a never-compacted store that held none could see the first compaction delete the
+    files it listed. A store that is not there, or whose lock cannot be made or opened (permissions), is read without."""
+    path = Path(root) / CATALOG_DIR / READERS_LOCK
     try:
-        fd = os.open(Path(root) / CATALOG_DIR / READERS_LOCK, os.O_RDONLY)
+        if Path(root).is_dir():
+            path.parent.mkdir(exist_ok=True)
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
     except OSError:
         yield
         return
