@@ -31,8 +31,7 @@ from engines.call_processes import (
 )
 from engines.concurrency import call_processes_for
 from engines.llm_cache import LLMCallCache
-from engines.llm_types import BackendError, ContextOverflow, Endpoint, LLMRequest, LLMResponse
-from engines.model_call_process import cached_response
+from engines.llm_types import BackendError, ContextOverflow, Endpoint, LLMRequest, LLMResponse, cached_response
 
 # the client's API: the call types, and the engine loop its calls run on (engines/call_processes.py)
 __all__ = ["BackendError", "CallCounters", "ContextOverflow", "EarlyCalls", "LLMClient", "LLMRequest", "LLMResponse",

@@ -84,12 +84,14 @@ class LLMCallCache:
             self._conn.execute("COMMIT")
 
     def claim(self, key: str, stale_after_s: float) -> bool:
-        """True when this process may make the call now: nobody else is making it, or its maker died or has held it
-        longer than `stale_after_s` (a call and all its retries). False: wait for the maker's answer (`get`)."""
+        """True when this process may make the call now: it is not answered, and nobody else is making it, or its
+        maker died or has held it longer than `stale_after_s` (a call and all its retries). False: it is answered, or
+        its maker's answer is to be waited for (`get`)."""
         now = time.time()
         with self._lock, reported_as_store_full(self.path):
-            inserted = self._conn.execute("INSERT OR IGNORE INTO llm_pending (key, owner, started) VALUES (?, ?, ?)",
-                                          (key, OWNER, now)).rowcount
+            inserted = self._conn.execute("INSERT OR IGNORE INTO llm_pending (key, owner, started) SELECT ?, ?, ? "
+                                          "WHERE NOT EXISTS (SELECT 1 FROM llm_calls WHERE key = ?)",
+                                          (key, OWNER, now, key)).rowcount
             if inserted:
                 return True
             row = self._conn.execute("SELECT owner, started FROM llm_pending WHERE key = ?", (key,)).fetchone()

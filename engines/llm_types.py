@@ -7,8 +7,8 @@ nothing of theirs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
 
 
 class ModelSpec(Protocol):
@@ -43,6 +43,16 @@ class LLMResponse:
     # (token text, log-probability) per output token, when the request asked for log-probabilities: what an
     # answer's own mean token probability is computed from (REFEED MODULE-2, strategies/readers/base.answer_token_prob)
     token_logprobs: list[tuple[str, float]] | None = None
+
+
+def cached_response(entry: dict[str, Any]) -> LLMResponse:
+    """A response as the call cache returns it (`cache_entry`)."""
+    return LLMResponse(**{**entry, "from_cache": True})
+
+
+def cache_entry(response: LLMResponse) -> dict[str, Any]:
+    """A response as the call cache keeps it: without its `from_cache` flag."""
+    return {k: v for k, v in asdict(response).items() if k != "from_cache"}
 
 
 class BackendError(RuntimeError):

@@ -1,6 +1,7 @@
 """The model-call process (`python -m engines.model_call_process`): a child of each ragledger process that makes
-calls (the CLI's, a Dask worker's), fed through a pipe by engines/call_processes.py. It answers each call from the
-call cache or makes it (engines/llm_http.py), claiming it in the cache so that no other process makes it meanwhile.
+calls (the CLI's, a Dask worker's), fed through a pipe by engines/call_processes.py. It makes each call (engines/llm_http.py)
+once it has claimed it in the call cache, so that no other process makes it meanwhile; a call answered or being made
+elsewhere is answered from the cache.
 A process whose endpoint allows many requests in flight starts more than one; each bounds its share of the
 endpoint's concurrency (engines/concurrency.py).
 
@@ -23,11 +24,10 @@ import os
 import pickle
 import struct
 import sys
-from dataclasses import asdict
 from typing import Any
 
 from engines.llm_http import call_endpoint, close_clients
-from engines.llm_types import BackendError, ContextOverflow, Endpoint, LLMRequest, LLMResponse
+from engines.llm_types import BackendError, ContextOverflow, Endpoint, LLMRequest, LLMResponse, cache_entry, cached_response
 
 FRAME = struct.Struct("!I")
 
@@ -62,25 +62,20 @@ class _Caches:
         return self._open[path]
 
 
-def cached_response(hit: dict[str, Any]) -> LLMResponse:
-    """A response as the call cache returns it (stored without its `from_cache` flag)."""
-    return LLMResponse(**{**hit, "from_cache": True})
-
-
 CLAIM_POLL_S = 0.1  # how often a call another process is making is looked for in the cache
 
 
 async def cached_call(caches: _Caches, ep: Endpoint, req: LLMRequest, cache_key: str, cache_path: str | None,
                       unreachable_for_s: float, rounds_after: int = 0) -> LLMResponse:
     cache = caches.get(cache_path)
-    if cache is not None:
+    # the client looked the call up before sending it (engines/llm.py): the claim is refused when it has been answered
+    # since, or another process is making it (experiments started together on one store), and only then is the call
+    # looked up again, until its answer comes
+    while cache is not None and not cache.claim(cache_key, stale_after_s=ep.timeout_s * (ep.max_retries + 1) + 60):
         hit = cache.get(cache_key)
-        # another process making this very call (experiments started together on one store): wait for its answer
-        while hit is None and not cache.claim(cache_key, stale_after_s=ep.timeout_s * (ep.max_retries + 1) + 60):
-            await asyncio.sleep(CLAIM_POLL_S)
-            hit = cache.get(cache_key)
         if hit is not None:
             return cached_response(hit)
+        await asyncio.sleep(CLAIM_POLL_S)
     try:
         response = await call_endpoint(ep, req, unreachable_for_s, rounds_after)
     except BaseException:
@@ -88,7 +83,7 @@ async def cached_call(caches: _Caches, ep: Endpoint, req: LLMRequest, cache_key:
             cache.release(cache_key)
         raise
     if cache is not None:
-        cache.put(cache_key, {k: v for k, v in asdict(response).items() if k != "from_cache"})
+        cache.put(cache_key, cache_entry(response))
     return response
 
 

@@ -27,7 +27,8 @@ def test_a_live_holders_claim_makes_others_wait_until_its_answer(tmp_path, monke
     cache.put("k", {"text": "Denver"})  # the answer ends the claim
     as_owner(monkeypatch, os.getppid())
     assert cache.get("k") == {"text": "Denver"}
-    assert cache.claim("k", stale_after_s=600)  # nobody holds it now
+    assert not cache.claim("k", stale_after_s=600)  # answered: taken from the cache, never made again
+    assert cache.claim("k2", stale_after_s=600)  # another call: nobody holds it
 
 
 def test_a_failed_call_releases_its_claim(tmp_path, monkeypatch):

@@ -41,6 +41,32 @@ def test_cache_makes_identical_calls_once(tmp_path):
         assert run_on_engine(c2.complete(req())).from_cache and server.calls == 2
 
 
+def test_an_uncached_call_is_looked_up_in_the_cache_once(tmp_path, monkeypatch):
+    """The client looks a call up before sending it; the model-call process then claims it without looking it up
+    again (the claim is refused for a call answered meanwhile). Both halves run in this process here, the model-call
+    process's through its own `cached_call`, so every lookup is counted."""
+    from engines import model_call_process
+
+    lookups = []
+    real_get = LLMCallCache.get
+    monkeypatch.setattr(LLMCallCache, "get", lambda self, key: lookups.append(key) or real_get(self, key))
+    caches = model_call_process._Caches()
+
+    def in_this_process(self, loop, request, key, rounds_after):
+        return model_call_process.cached_call(caches, self.endpoint, request, key, str(self.cache.path), 5.0)
+
+    monkeypatch.setattr(LLMClient, "_call", in_this_process)
+    with ScriptedServer(answer=lambda s, p, b: "Paris") as server:
+        c = client(server, LLMCallCache(tmp_path / "c.sqlite"))
+        assert not run_on_engine(c.complete(req())).from_cache
+        assert server.calls == 1 and len(lookups) == 1
+        assert run_on_engine(c.complete(req())).from_cache and len(lookups) == 2  # answered: one lookup, no call
+        # sent by the model-call process although answered meanwhile (a head start's early call): its claim is
+        # refused, and the answer is looked up, not asked of the model
+        assert run_on_engine(in_this_process(c, None, req(), c.cache_key(req()), 0)).from_cache
+        assert server.calls == 1 and len(lookups) == 3
+
+
 def test_seed_per_sample_and_logprobs():
     with ScriptedServer(answer=lambda s, p, b: "a b", logprob=-0.25) as server:
         c = client(server)
