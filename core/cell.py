@@ -6,6 +6,7 @@ that builds and splits it.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 SEPARATOR = " · "
@@ -43,3 +44,28 @@ class Cell:
 def is_ensemble_retriever(retriever: str) -> bool:
     """Whether a retriever name (a record's `retriever` column) is an EoR ensemble's."""
     return str(retriever).startswith(ENSEMBLE_PREFIX)
+
+
+def resolve_cell(name: str, cells: list[str]) -> str:
+    """A cell by exact name, or by words that pick exactly one cell ("bm25@5 post_fusion"): first words that each
+    equal one part of the name, then words that each occur in it. ValueError naming the candidates otherwise."""
+    if name in cells:
+        return name
+    words = [w for w in re.split(r"[\s·/]+", name.lower()) if w]
+    hits = [c for c in cells if all(any(w == p.lower() for p in _parts(c)) for w in words)]
+    if not hits:
+        hits = [c for c in cells if all(w in c.lower() for w in words)]
+    if len(hits) == 1:
+        return hits[0]
+    if not hits:
+        raise ValueError(f"no cell matches {name!r}; cells: {', '.join(cells)}")
+    raise ValueError(f"{name!r} matches {len(hits)} cells: {', '.join(hits)}")
+
+
+def _parts(cell: str) -> tuple[str, ...]:
+    """retriever, reader and model of a cell name; an ad-hoc name is one part."""
+    try:
+        c = Cell.parse(cell)
+    except ValueError:
+        return (cell.strip(),)
+    return (c.retriever, c.reader, c.model)

@@ -18,10 +18,10 @@ import pandas as pd
 from prefect import flow
 
 from tracking.analysis import inconsistency as an
-from tracking.analysis.executions import ensemble_rows, latest_execution, load_outcomes, manifests  # noqa: F401  (re-exported)
 from tracking.analysis.inconsistency import AnalysisResult
 from tracking.analysis.stats import compare_arrays
 from tracking.mlflow.analysis import log_analysis
+from tracking.store.ledger import Ledger, ensemble_rows
 
 # analysis-2: RWR / MRWR / MRLR and per-error RWR per (reader, model) group (tracking/analysis/inconsistency.py), not pooled
 ANALYSIS_VERSION = "analysis-2"
@@ -170,8 +170,9 @@ def run_analysis(store_root: str | Path, experiment: str, out_dir: str | Path | 
     max, majority, plurality, or search (the best on training accuracy); see tracking/analysis/eor.py. `across`: more
     experiments (a sweep's other datasets) for seed 002's corpus-level figure, `accuracy_across.png` (this one first).
     """
-    execution = latest_execution(store_root, experiment)
-    outcomes = load_outcomes(store_root, experiment, execution)
+    ledger = Ledger(store_root)
+    execution = ledger.latest_execution(experiment)
+    outcomes = ledger.outcomes(experiment, execution)
     outcomes = outcomes[~ensemble_rows(outcomes)]
     res = compute(outcomes, experiment, metric, n_resamples, seed)
     base = Path(out_dir) if out_dir else Path(store_root) / "analysis" / experiment
@@ -181,7 +182,7 @@ def run_analysis(store_root: str | Path, experiment: str, out_dir: str | Path | 
     if eor:
         from tracking.analysis.eor_cells import eor_cells
 
-        train = None if eor_train is None else load_outcomes(store_root, eor_train, latest_execution(store_root, eor_train))
+        train = None if eor_train is None else ledger.outcomes(eor_train, ledger.latest_execution(eor_train))
         eor_outcomes, info = eor_cells(store_root, experiment, outcomes, seed=seed, train_outcomes=train,
                                        train_experiment=eor_train, pooling=eor_pooling)
         if info:

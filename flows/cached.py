@@ -39,10 +39,10 @@ def outcome_segments(the_plan: ExperimentPlan) -> dict[str, list[str]]:
 
 def matching_manifest(store_root: str, the_plan: ExperimentPlan, expected: dict[str, list[str]]) -> dict | None:
     """The newest run manifest of this spec whose cells are exactly the planned ones on the planned outcomes."""
-    from tracking.analysis.executions import manifests
+    from tracking.store.ledger import Ledger
 
     spec_hash = the_plan.spec.spec_hash()
-    for path in reversed(manifests(store_root, the_plan.spec.name)):
+    for path in reversed(Ledger(store_root).manifests(the_plan.spec.name)):
         try:
             record = json.loads(path.read_text())
         except (OSError, ValueError):

@@ -15,6 +15,7 @@ from typing import Any
 from prefect.results import get_result_store
 
 from core import progress
+from core.atomic import temp_path
 from core.cell import Cell
 from core.diskfull import reported_as_store_full
 from core.paths import StoreLayout
@@ -25,7 +26,7 @@ from flows.run_summary import Accounting
 from tasks.evaluate import embed_gold_answers
 from tasks.prefect_tasks import evaluate_task, generate_round_task, retrieve_task, vote_task
 from tasks.stages import RetrieveStage, RunContext, Stage, StageResult
-from tracking.store.events import EventStore, stable_hash, temp_path
+from tracking.store.events import EventStore, stable_hash
 
 log = logging.getLogger(__name__)
 

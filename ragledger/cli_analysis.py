@@ -71,13 +71,6 @@ def emit(df, fmt: str, output: Path | None = None, title: str | None = None, max
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
 
 
-def _questions(store: str, experiment: str):
-    from tracking.store.events import EventStore
-
-    q = EventStore(store).read("questions", experiment)
-    return q.sort_values("created_at").drop_duplicates("qid", keep="last").set_index("qid")
-
-
 def query_cmd(
     sql: Annotated[str, typer.Argument(help="SQL over the views questions, retrievals, generations, votes, outcomes")],
     store: StoreOpt = DEFAULT_STORE,
@@ -90,12 +83,12 @@ def query_cmd(
     pull_if_missing(experiment, store, mlflow_uri)
     import duckdb
 
-    from tracking.analysis.query import query
+    from tracking.store.ledger import Ledger
 
     if not Path(store).is_dir():
         fail(f"--store {store}: no such directory")
     try:
-        df = query(store, sql, experiment)
+        df = Ledger(store).sql(sql, experiment)
     except duckdb.Error as exc:
         fail(f"SQL: {str(exc).splitlines()[0]}")
     emit(df, fmt, output)
@@ -113,23 +106,24 @@ def errors_cmd(
 ) -> None:
     """Per-example error breakdown of an experiment's latest execution (seed 002's error types)."""
     pull_if_missing(experiment, store, mlflow_uri)
+    from core.cell import resolve_cell
     from schemas.records import ERROR_TYPES
-    from tracking.analysis.executions import experiment_outcomes, resolve_cell
-    from tracking.analysis.inconsistency import AnalysisError
+    from tracking.store.ledger import Ledger
 
     if error_type is not None and error_type not in ERROR_TYPES:
         fail(f"--error-type must be one of {', '.join(ERROR_TYPES)}, got {error_type!r}")
+    ledger = Ledger(store)
     try:
-        df = experiment_outcomes(store, experiment)
+        df = ledger.experiment_outcomes(experiment)
         if cell:
             df = df[df["cell"] == resolve_cell(cell, sorted(df["cell"].unique()))]
-    except (AnalysisError, ValueError) as exc:
+    except ValueError as exc:  # LedgerError, or a --cell naming no cell or several
         fail(str(exc))
     if error_type:
         df = df[df["error_type"] == error_type]
     elif not include_correct:
         df = df[df["error_type"] != "correct"]
-    q = _questions(store, experiment)
+    q = ledger.questions(experiment)
     out = df[["qid", "cell", "error_type", "prediction", "em", "f1", "gold_in_context"]].copy()
     out["gold"] = [" | ".join(q.at[x, "answers"]) if x in q.index else "" for x in out["qid"]]
     out["question"] = [q.at[x, "question"] if x in q.index else "" for x in out["qid"]]
@@ -151,18 +145,19 @@ def flips_cmd(
 ) -> None:
     """Paired comparison of two cells: flip table, exact McNemar p, paired-bootstrap CI of ΔEM, flipped questions."""
     pull_if_missing(experiment, store, mlflow_uri)
-    from tracking.analysis.executions import experiment_outcomes, resolve_cell
+    from core.cell import resolve_cell
     from tracking.analysis.inconsistency import AnalysisError
     from tracking.analysis.stats import compare_cells, flipped_questions
+    from tracking.store.ledger import Ledger
 
     exps = [experiment] if experiment else sorted(p.name for p in (Path(store) / "outcomes").glob("*") if p.is_dir())
     found = []
     for e in exps:
         try:
-            df = experiment_outcomes(store, e)
+            df = Ledger(store).experiment_outcomes(e)
             cells = sorted(df["cell"].unique())
             found.append((e, df, resolve_cell(cell_a, cells), resolve_cell(cell_b, cells)))
-        except (AnalysisError, ValueError) as exc:
+        except ValueError as exc:  # LedgerError, or a cell named by no cell or several
             if experiment:
                 fail(str(exc))
     if not found:
@@ -200,19 +195,19 @@ def hardest_cmd(
 ) -> None:
     """Questions every cell of the latest execution gets wrong (EM), with each cell's error type."""
     pull_if_missing(experiment, store, mlflow_uri)
-    from tracking.analysis.executions import ensemble_rows, experiment_outcomes
-    from tracking.analysis.inconsistency import AnalysisError
+    from tracking.store.ledger import Ledger, LedgerError, ensemble_rows
 
+    ledger = Ledger(store)
     try:
-        df = experiment_outcomes(store, experiment)
-    except AnalysisError as exc:
+        df = ledger.experiment_outcomes(experiment)
+    except LedgerError as exc:
         fail(str(exc))
     # EoR cells answer held-out questions only and choose among their members' answers: leave them out
     df = df[~ensemble_rows(df)]
     n_cells = df["cell"].nunique()
     per_q = df.groupby("qid").agg(cells=("cell", "nunique"), right=("em", lambda s: int((s >= 1).sum())))
     hard = per_q[(per_q["right"] == 0) & (per_q["cells"] == n_cells)].index
-    q = _questions(store, experiment)
+    q = ledger.questions(experiment)
     sub = df[df["qid"].isin(hard)]
     types = sub.groupby("qid")["error_type"].agg(lambda s: ", ".join(f"{k}×{v}" for k, v in s.value_counts().items()))
     out = types.rename("error_types").reset_index()
@@ -243,7 +238,7 @@ def analyze_cmd(
     configure_prefect_home(Path.cwd())
     from flows.analyze import analyze_flow
     from tracking.analysis.eor import POOLING_CHOICES
-    from tracking.analysis.inconsistency import AnalysisError
+    from tracking.store.ledger import LedgerError
 
     if eor_pooling not in POOLING_CHOICES:
         fail(f"--eor-pooling must be one of {', '.join(POOLING_CHOICES)}, got {eor_pooling!r}")
@@ -252,7 +247,7 @@ def analyze_cmd(
     try:
         r = analyze_flow(store, experiment, str(out) if out else None, metric, eor, mlflow, eor_train, eor_pooling,
                          tuple(across or ()))
-    except AnalysisError as exc:
+    except LedgerError as exc:
         fail(str(exc))
     print_analysis(r)
 
@@ -271,7 +266,7 @@ def trace_cmd(
 
     try:
         render_trace(console, store, experiment, qid, cell, max_chars)
-    except ValueError as exc:  # TraceError, AnalysisError, a --cell naming no cell or several
+    except ValueError as exc:  # TraceError, LedgerError, a --cell naming no cell or several
         fail(str(exc))
 
 
@@ -286,7 +281,7 @@ def across_cmd(
     """Each cell's accuracy in several experiments (a sweep's datasets), sorted by the first: seed 002's
     corpus-level figure as a table, and as a plot with --plot."""
     from tracking.analysis.across import accuracy_across
-    from tracking.analysis.inconsistency import AnalysisError
+    from tracking.store.ledger import LedgerError
 
     if not Path(store).is_dir():
         fail(f"--store {store}: no such directory")
@@ -294,7 +289,7 @@ def across_cmd(
         fail(f"--plot {plot}: no such directory {plot.parent}")
     try:
         table = accuracy_across(store, experiments, metric)
-    except AnalysisError as exc:
+    except LedgerError as exc:
         fail(str(exc))
     if plot is not None:
         from core.atomic import atomic_write_bytes

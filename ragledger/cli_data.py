@@ -157,7 +157,7 @@ def store_compact(
             r = compact_store(events, experiment or None)
         except CatalogError as exc:
             fail(str(exc))
-    from tracking.analysis.question_index import question_index
+    from tracking.store.question_index import question_index
 
     question_index(events)  # the questions' files changed: the index that questions across experiments use, made now
     console.print(f"{r.experiments} experiment(s) compacted, {r.rows:,} events packed in {r.seconds:.1f} s; "

@@ -22,11 +22,11 @@ ExperimentsOpt = Annotated[list[str] | None, typer.Option(
 
 
 def _experiments(store: str, patterns: list[str] | None) -> list[str]:
-    from tracking.analysis.history import experiments_matching
+    from tracking.store.ledger import Ledger
 
     if not Path(store).is_dir():
         fail(f"--store {store}: no such directory")
-    names = experiments_matching(store, patterns)
+    names = Ledger(store).experiments(patterns)
     if not names:
         fail(f"no experiment with outcomes in {store}" + (f" matches {', '.join(patterns)}" if patterns else ""))
     return names
@@ -40,13 +40,13 @@ def history_cmd(
     output: OutputOpt = None,
 ) -> None:
     """One question's history: its outcome in every cell of every experiment that asked it, oldest first."""
-    from tracking.analysis.history import question_history, question_text
+    from tracking.store.ledger import Ledger
 
     names = _experiments(store, experiments)
-    df = question_history(store, qid, names)
+    df = Ledger(store).question_history(qid, names)
     if df.empty:
         fail(f"question {qid!r}: no outcome in {len(names)} experiment(s) of {store}")
-    text = question_text(store, qid, sorted(df["experiment"].unique()))
+    text = Ledger(store).question(qid, sorted(df["experiment"].unique()))
     if text is not None and fmt == "table":
         console.print(f"[bold]{escape(qid)}[/]: {escape(text[0])}  gold: {escape(' | '.join(text[1]))}")
     right = int((df["em"] >= 1).sum())
@@ -65,12 +65,12 @@ def leaderboard_cmd(
 ) -> None:
     """Cells of every experiment ranked within each dataset, with the 95% bootstrap CI of EM."""
     from tracking.analysis.history import leaderboard
-    from tracking.analysis.inconsistency import AnalysisError
+    from tracking.store.ledger import LedgerError
 
     names = _experiments(store, experiments)
     try:
         df = leaderboard(store, names, dataset, top or None, metric)
-    except AnalysisError as exc:
+    except LedgerError as exc:
         fail(str(exc))
     if df.empty:
         fail(f"no outcome of dataset {dataset!r} in {store}")
@@ -89,13 +89,13 @@ def diff_cmd(
     """What changed between two executions of one experiment: per cell EM before and after, questions fixed and
     broken, exact McNemar p; then the flipped questions (with --format csv/json/parquet: the flipped questions)."""
     from tracking.analysis.history import execution_diff
-    from tracking.analysis.inconsistency import AnalysisError
+    from tracking.store.ledger import LedgerError
 
     if not Path(store).is_dir():
         fail(f"--store {store}: no such directory")
     try:
         summary, flips, (a, b) = execution_diff(store, experiment, before, after)
-    except AnalysisError as exc:
+    except LedgerError as exc:
         fail(str(exc))
     if fmt != "table":  # a file or a pipe gets the flipped questions, one row each
         emit(flips, fmt, output)

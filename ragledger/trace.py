@@ -12,9 +12,9 @@ from rich.markup import escape
 from rich.panel import Panel
 
 from core.answers import gold_spans
-from tracking.analysis.executions import experiment_outcomes, resolve_cell
+from core.cell import resolve_cell
 from tracking.analysis.lineage import CellChain, cell_chain, chain_records, passage_has_gold
-from tracking.store.events import EventStore
+from tracking.store.ledger import Ledger
 
 
 class TraceError(ValueError):
@@ -35,7 +35,7 @@ def render_trace(console: Console, store_root: str, experiment: str, qid: str, c
                  max_chars: int = 0) -> None:
     q = _question(store_root, experiment, qid)
     golds = [str(a) for a in q["answers"]]
-    outcomes = experiment_outcomes(store_root, experiment)
+    outcomes = Ledger(store_root).experiment_outcomes(experiment)
     outcomes = outcomes[outcomes["qid"] == qid]
     cells = sorted(outcomes["cell"].unique())
     if cell:
@@ -50,13 +50,12 @@ def render_trace(console: Console, store_root: str, experiment: str, qid: str, c
 
 
 def _question(store_root: str, experiment: str, qid: str) -> pd.Series:
-    questions = EventStore(store_root).read("questions", experiment)
+    questions = Ledger(store_root).questions(experiment)
     if questions.empty:
         raise TraceError(f"experiment {experiment!r}: no questions in {store_root}")
-    q = questions[questions["qid"] == qid]
-    if q.empty:
+    if qid not in questions.index:
         raise TraceError(f"experiment {experiment!r}: no question with id {qid!r}")
-    return q.sort_values("created_at").iloc[-1]
+    return questions.loc[qid]
 
 
 def _print_chain(console: Console, chain: CellChain, golds: list[str], max_chars: int) -> None:

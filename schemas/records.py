@@ -157,7 +157,7 @@ RECORD_MODELS: dict[str, type[EventColumns]] = {
 
 
 # a column's earlier name -> its name now: a segment may hold the reader column as `strategy`. Segments are never
-# rewritten, so whatever reads them renames (`current_names`, EventStore.read, the views of tracking/analysis/query.py)
+# rewritten, so whatever reads them renames (`current_names`, EventStore.read, the views of tracking/store/query.py)
 RENAMED_COLUMNS = {"strategy": "reader"}
 
 

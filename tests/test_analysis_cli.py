@@ -199,7 +199,7 @@ def test_analyze_command_runs_the_flow_and_prints_tables(store, prefect_harness)
 
 
 def test_resolve_cell_by_words():
-    from tracking.analysis.executions import resolve_cell
+    from core.cell import resolve_cell
 
     cells = ["bm25@5 · concatenation · m", "bm25@5 · post_fusion · m", "none · post_fusion · m"]
     assert resolve_cell("bm25@5 · post_fusion · m", cells) == cells[1]

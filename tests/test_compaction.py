@@ -18,11 +18,12 @@ import pandas as pd
 import pytest
 
 from tests.test_events import outcome_rows
-from tracking.analysis.history import leaderboard, question_history
-from tracking.analysis.query import connect, query, records_for
+from tracking.analysis.history import leaderboard
 from tracking.store.catalog import catalog_path, load_catalog, segment_exists
 from tracking.store.compaction import compact_experiment, compact_store, record_files
 from tracking.store.events import EventStore, event_id, new_events
+from tracking.store.ledger import Ledger
+from tracking.store.query import connect, query
 
 REPO = Path(__file__).resolve().parents[1]
 CELLS = ["bm25@5 · concatenation · m", "bm25@5 · sure · m"]
@@ -83,8 +84,8 @@ def answers(root: Path, segs: dict[str, list[Path]]) -> dict[str, object]:
         for p in paths:
             kind = p.parents[1].name
             out[f"segment:{p.name}"] = sorted(store.read(kind, paths=[p])["event_id"])
-        out[f"records:{name}"] = sorted(records_for(root, "outcomes", ["q2", "q3"], name, paths)["event_id"])
-    out["history"] = plain(question_history(root, "q2"))
+        out[f"records:{name}"] = sorted(Ledger(root).records("outcomes", name, qids=["q2", "q3"], paths=paths)["event_id"])
+    out["history"] = plain(Ledger(root).question_history("q2"))
     out["leaderboard"] = plain(leaderboard(root, top=None))
     return out
 
@@ -147,7 +148,7 @@ def test_a_kill_at_any_step_leaves_a_store_that_verifies_and_answers_the_same(tm
 
 READER = """
 import json, sys, time
-from tracking.analysis.query import query
+from tracking.store.query import query
 from tracking.store.events import EventStore
 root, until = sys.argv[1], float(sys.argv[2])
 seen = []
@@ -181,7 +182,7 @@ def test_an_experiment_compacted_before_mlflow_logged_it_is_synced_then_pulled_i
     written out of the packs; `ragledger pull` rebuilds the experiment on store B with the same events."""
     from tests.fakes.openai_server import ScriptedServer
     from tests.test_reliability import cli, make_data, reader, write_spec
-    from tracking.analysis.executions import latest_execution, load_outcomes
+    from tracking.store.ledger import Ledger
 
     make_data(tmp_path, 6)
     a, b = tmp_path / "A", tmp_path / "B"
@@ -201,7 +202,7 @@ def test_an_experiment_compacted_before_mlflow_logged_it_is_synced_then_pulled_i
     key = ["cell", "qid", "prediction", "em"]
 
     def latest(store: Path) -> pd.DataFrame:
-        df = load_outcomes(store, "packed", latest_execution(store, "packed"))
+        df = Ledger(store).outcomes("packed", Ledger(store).latest_execution("packed"))
         return df[key].sort_values(key[:2]).reset_index(drop=True)
 
     pd.testing.assert_frame_equal(latest(b), latest(a))

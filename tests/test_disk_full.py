@@ -31,7 +31,7 @@ def small_fs(tmp_path):
 
 
 def store_table(store: Path) -> list[tuple]:
-    from tracking.analysis.query import query
+    from tracking.store.query import query
 
     df = query(store, "SELECT cell, qid, prediction, em, f1, error_type FROM outcomes ORDER BY cell, qid")
     return [tuple(r) for r in df.itertuples(index=False)]

@@ -4,8 +4,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from schemas.records import RecordValidationError
-from tracking.analysis.query import connect, outcomes
 from tracking.store.events import EventStore, event_id, new_events
+from tracking.store.query import connect, outcomes
 
 
 def outcome_rows(n=3, cell="bm25@5 · concatenation · m", start=0):

@@ -53,7 +53,8 @@ def test_projection_temp_files_follow_the_stores_clean_up_convention(tmp_path):
     """A projection written aside by a writer that was killed is removed once its pid is gone, like an interrupted
     segment write (the temp names carry the writer's pid). `store verify` reports only a live writer's: a killed
     writer's is never read, so a store killed at any moment still verifies."""
-    from tracking.store.events import EventStore, temp_path
+    from core.atomic import temp_path
+    from tracking.store.events import EventStore
 
     projections = tmp_path / "projections" / "metrics"
     projections.mkdir(parents=True)

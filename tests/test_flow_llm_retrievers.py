@@ -36,7 +36,7 @@ def test_compress_and_parametric_through_the_flow(workspace, prefect_harness):
         spec = make_spec(workspace, server.base_url, readers=("concatenation",))
         spec["retrievers"] = ["compress(bm25@2)", "parametric", "hybrid(bm25@1,parametric)"]
         first = run_flow(spec)
-        from tracking.analysis.query import query
+        from tracking.store.query import query
 
         store = spec["tracking"]["store"]
         r = query(store, "SELECT retriever, qid, rank, pid, text FROM retrievals ORDER BY retriever, qid, rank")

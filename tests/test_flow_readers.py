@@ -105,8 +105,8 @@ def make_spec(ws, base_url):
 
 
 def test_every_seed_strategy_through_the_flow(workspace, prefect_harness):
-    from flows.experiment import experiment_flow
-    from tracking.analysis.query import query
+    from flows.execute import experiment_flow
+    from tracking.store.query import query
 
     with ScriptedServer(answer=scripted_model, logprob_fn=logprob_of) as server:
         spec = make_spec(workspace, server.base_url)
@@ -182,8 +182,8 @@ def test_every_seed_strategy_through_the_flow(workspace, prefect_harness):
 
 
 def test_refeed_without_logprobs_falls_back_to_refined(workspace, prefect_harness):
-    from flows.experiment import experiment_flow
-    from tracking.analysis.query import query
+    from flows.execute import experiment_flow
+    from tracking.store.query import query
 
     with ScriptedServer(answer=scripted_model, logprob=None) as server:
         spec = make_spec(workspace, server.base_url)
@@ -206,8 +206,8 @@ def diverse_model(system: str, prompt: str, body: dict) -> str:
 
 
 def test_refeed_module1_diverse_feedback_and_feedback_recall(workspace, prefect_harness):
-    from flows.experiment import experiment_flow
-    from tracking.analysis.query import query
+    from flows.execute import experiment_flow
+    from tracking.store.query import query
 
     with ScriptedServer(answer=diverse_model, logprob_fn=logprob_of) as server:
         spec = make_spec(workspace, server.base_url)
@@ -248,8 +248,8 @@ def test_refeed_module2_keeps_the_answer_with_the_higher_arithmetic_mean_token_p
     trailing "." at 0.01 that is not part of the answer; the refined "The answer is Denver Broncos" has
     p = [0.6, 0.6] on its answer tokens (0.6) after three tokens at 0.1. The paper's rule keeps the initial answer;
     the geometric mean over the raw completion would have kept the refined one."""
-    from flows.experiment import experiment_flow
-    from tracking.analysis.query import query
+    from flows.execute import experiment_flow
+    from tracking.store.query import query
 
     def per_token(system: str, prompt: str, text: str) -> float | list[float] | None:
         if "Super Bowl" not in prompt:

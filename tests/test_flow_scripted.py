@@ -63,7 +63,7 @@ def make_spec(ws, base_url, readers=("concatenation", "post_fusion"), **model):
 
 
 def run_flow(spec):
-    from flows.experiment import experiment_flow
+    from flows.execute import experiment_flow
 
     return experiment_flow(spec, spec["tracking"]["store"], spec["tracking"]["mlflow_uri"])
 
@@ -73,7 +73,7 @@ def test_flow_end_to_end_then_rerun_makes_no_calls(workspace, prefect_harness):
         spec = make_spec(workspace, server.base_url)
         first = run_flow(spec)
         # concatenation: 1 call per question and retriever; PF: 1 per retrieved passage (none: zero passages)
-        from tracking.analysis.query import query
+        from tracking.store.query import query
 
         retrieved = int(query(spec["tracking"]["store"], "SELECT count(*) AS n FROM retrievals")["n"][0])
         assert 5 <= retrieved <= 10

@@ -64,8 +64,8 @@ def make_spec(ws, base_url, **dataset):
 def test_gold_passage_filter_and_readers_table(workspace, prefect_harness):
     import mlflow
 
-    from flows.experiment import experiment_flow
-    from tracking.analysis.query import query
+    from flows.execute import experiment_flow
+    from tracking.store.query import query
 
     with ScriptedServer(answer=model) as server:
         spec = make_spec(workspace, server.base_url, closed_book_filter=True)
@@ -133,8 +133,8 @@ TRIGGER_SQUAD = {"version": "1.1", "data": [
 def test_gold_trigger_answer_string_by_default_gold_id_as_option(workspace, prefect_harness):
     """Seed 001 §4.2: the gold passage goes in when the top-k does not contain the answer (`gold(X,random)`);
     `gold(X,random,id)` inserts whenever the gold paragraph id is missing."""
-    from flows.experiment import experiment_flow
-    from tracking.analysis.query import query
+    from flows.execute import experiment_flow
+    from tracking.store.query import query
 
     with gzip.open(workspace / "mini-squad.json.gz", "wt", encoding="utf-8") as fh:
         json.dump(TRIGGER_SQUAD, fh)
@@ -159,7 +159,7 @@ def test_gold_trigger_answer_string_by_default_gold_id_as_option(workspace, pref
 
 
 def test_without_the_filter_every_sampled_question_runs(workspace, prefect_harness):
-    from flows.experiment import experiment_flow
+    from flows.execute import experiment_flow
 
     with ScriptedServer(answer=model) as server:
         spec = make_spec(workspace, server.base_url)

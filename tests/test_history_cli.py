@@ -38,13 +38,13 @@ def lab(tmp_path_factory):
 
 def executions(ws) -> list[pd.DataFrame]:
     """exp's two executions' outcomes, read from their manifests' segments (pandas, not the CLI's SQL)."""
-    from tracking.analysis.executions import load_outcomes, manifests
+    from tracking.store.ledger import Ledger
 
     store = ws / ".ragledger" / "store"
     out = []
     with contextlib.chdir(ws):  # the manifests name segments relative to where the run ran
-        for path in manifests(store, "exp"):
-            out.append(load_outcomes(store, "exp", json.loads(path.read_text())).set_index(["cell", "qid"])["em"])
+        for path in Ledger(store).manifests("exp"):
+            out.append(Ledger(store).outcomes("exp", json.loads(path.read_text())).set_index(["cell", "qid"])["em"])
     assert len(out) == 2
     return out
 

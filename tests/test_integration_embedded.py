@@ -91,7 +91,7 @@ print(json.dumps(out))
 
 def test_outcomes_view_rereads_the_stored_records(smoke_run):
     cwd, _, _, s1, _ = smoke_run
-    from tracking.analysis.query import query
+    from tracking.store.query import query
 
     df = query(cwd / ".ragledger" / "store", "SELECT cell, avg(em) * 100 AS em, count(*) AS n FROM outcomes GROUP BY cell")
     for row in df.itertuples():
@@ -131,7 +131,7 @@ def test_refeed_log_probabilities_come_from_the_real_embedded_model(tmp_path):
     out = run_cli(tmp_path, "run", str(spec), "--json", "run.json")
     assert out.returncode == 0, out.stdout + out.stderr
     assert json.loads((tmp_path / "run.json").read_text())["llm_calls"] == 1 + 2  # concatenation 1, refeed 2
-    from tracking.analysis.query import query
+    from tracking.store.query import query
 
     store = tmp_path / ".ragledger" / "store"
     gens = query(store, "SELECT reader, role, logprob FROM generations")

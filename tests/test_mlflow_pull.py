@@ -20,9 +20,9 @@ from typer.testing import CliRunner
 
 from tests.fakes.openai_server import ScriptedServer
 from tests.test_reliability import cli, make_data, reader, write_spec
-from tracking.analysis.executions import latest_execution, load_outcomes
 from tracking.mlflow.pull import PullError, ensure_local, pull
 from tracking.store.events import EventStore
+from tracking.store.ledger import Ledger
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENT = "share"
@@ -45,7 +45,7 @@ def shared(tmp_path_factory):
 
 
 def outcomes(store: Path) -> pd.DataFrame:
-    df = load_outcomes(store, EXPERIMENT, latest_execution(store, EXPERIMENT))
+    df = Ledger(store).outcomes(EXPERIMENT, Ledger(store).latest_execution(EXPERIMENT))
     return df[KEY].sort_values(["cell", "qid"]).reset_index(drop=True)
 
 
@@ -73,7 +73,7 @@ def test_pull_rebuilds_the_store_and_a_second_pull_downloads_nothing(shared, tmp
     for kind in ("questions", "retrievals", "generations", "votes", "outcomes"):  # every record kind, same events
         assert (set(EventStore(b).read(kind, EXPERIMENT)["event_id"])
                 == set(EventStore(shared["ws"] / "A").read(kind, EXPERIMENT)["event_id"])), kind
-    execution = latest_execution(b, EXPERIMENT)
+    execution = Ledger(b).latest_execution(EXPERIMENT)
     a_summary = shared["summary"]
     assert Path(execution["manifest_path"]).name == Path(a_summary["manifest"]).name  # the same execution
     assert execution["summary"]["mlflow_parent_run_id"] == a_summary["mlflow_parent_run_id"]  # analyses log there
@@ -158,7 +158,7 @@ def test_an_interrupted_pull_resumes_and_downloads_only_what_is_missing(shared, 
     monkeypatch.setattr(mp, "segment_problem", killed_after_three)
     with pytest.raises(KeyboardInterrupt):
         pull(EXPERIMENT, b, shared["uri"])
-    assert latest_execution(b, EXPERIMENT) is None  # no manifest: the execution is not in the store yet
+    assert Ledger(b).latest_execution(EXPERIMENT) is None  # no manifest: the execution is not in the store yet
     assert not any(EventStore(b).segments(k, EXPERIMENT) for k in ("questions", "outcomes", "generations"))
     assert not list((b / ".pull").rglob(".partial-*"))  # no half-downloaded file kept
     monkeypatch.setattr(mp, "segment_problem", checked)
@@ -200,7 +200,7 @@ def test_a_damaged_or_missing_artifact_is_one_error_line_and_nothing_is_kept(sha
         line = one_error_line(result.output)
         assert f"records/outcomes/{seg.name}" in line and seg.parent.parent.parent.parent.name in line  # artifact, run
         assert {"altered": "checksum mismatch", "truncated": "unreadable Parquet", "missing": "missing"}[damage] in line
-        assert latest_execution(b, EXPERIMENT) is None
+        assert Ledger(b).latest_execution(EXPERIMENT) is None
         for kind in ("questions", "retrievals", "generations", "votes", "outcomes"):
             assert not EventStore(b).segments(kind, EXPERIMENT), kind
         assert not (b / "llm_cache.sqlite").exists()
@@ -224,7 +224,7 @@ def test_records_of_another_schema_version_are_not_mixed_in(shared, tmp_path):
     msg = str(exc.value)
     assert "refusing to mix records of different schema versions" in msg
     assert "schema version 1: run " in msg and "schema version 2: " in msg and "questions" in msg
-    assert latest_execution(b, EXPERIMENT) is None and len(store.segments("questions", EXPERIMENT)) == 1
+    assert Ledger(b).latest_execution(EXPERIMENT) is None and len(store.segments("questions", EXPERIMENT)) == 1
 
 
 def test_ensure_local_pulls_only_when_the_store_lacks_the_experiment(shared, tmp_path, monkeypatch):
@@ -269,7 +269,7 @@ def test_pull_from_the_mlflow_server_on_postgresql(tmp_path, mlflow_postgres):
     r = pull(EXPERIMENT, tmp_path / "B", url)
     assert len(r.pulled) == 1 and r.downloaded > 0 and r.calls_added > 0
     pd.testing.assert_frame_equal(outcomes(tmp_path / "B"), outcomes(ws / "A"))
-    assert latest_execution(tmp_path / "B", EXPERIMENT)["summary"]["tracking_uri"] == url
+    assert Ledger(tmp_path / "B").latest_execution(EXPERIMENT)["summary"]["tracking_uri"] == url
     again = pull(EXPERIMENT, tmp_path / "B", url)
     assert again.nothing_new and again.downloaded == 0
 
@@ -351,7 +351,7 @@ def test_a_run_logged_before_the_manifest_artifact_is_pulled_from_its_cell_runs(
         r = pull(EXPERIMENT, b, shared["uri"])
         assert r.pulled == [f"{r.pulled[0][:15]}-mlflow-{parent.info.run_id[:8]}"] and r.calls_added == 0
         pd.testing.assert_frame_equal(outcomes(b), outcomes(shared["ws"] / "A"))
-        manifest = latest_execution(b, EXPERIMENT)
+        manifest = Ledger(b).latest_execution(EXPERIMENT)
         assert manifest["rebuilt_from_runs"] and set(manifest["summary"]["cells"]) == set(shared["summary"]["cells"])
         assert manifest["summary"]["mlflow_parent_run_id"] == parent.info.run_id
         assert not EventStore(b).verify()[1]

@@ -32,7 +32,7 @@ def cached_in_fresh_process(spec: dict) -> tuple[dict | None, list[str]]:
 
 def test_a_fully_cached_rerun_is_answered_from_the_store(tmp_path, prefect_harness):
     from flows.cached import cached_result
-    from flows.experiment import experiment_flow
+    from flows.execute import experiment_flow
     from tracking.store.catalog import packed_in
 
     (tmp_path / "corpus.jsonl").write_text("".join(json.dumps(p) + "\n" for p in PASSAGES))
@@ -63,7 +63,7 @@ def test_ragledger_run_answers_a_cached_rerun_from_the_store_and_falls_back_to_t
     new MLflow run); the flow runs instead when MLflow would log elsewhere, when logging is pending, or when
     RAGLEDGER_CACHED_ANSWER=0."""
     from tests.test_reliability import cli, make_data, reader, write_spec
-    from tracking.analysis.executions import manifests
+    from tracking.store.ledger import Ledger
 
     make_data(tmp_path, 6)
     with ScriptedServer(answer=reader) as model:
@@ -78,7 +78,7 @@ def test_ragledger_run_answers_a_cached_rerun_from_the_store_and_falls_back_to_t
         assert b["llm_calls"] == 0 and model.calls == calls
         assert as_json(b["cells"]) == as_json(a["cells"])
         assert b["mlflow_parent_run_id"] == a["mlflow_parent_run_id"]  # nothing new logged
-        assert len(manifests(tmp_path / ".ragledger" / "store", "again")) == 1
+        assert len(Ledger(tmp_path / ".ragledger" / "store").manifests("again")) == 1
         for env in ({"RAGLEDGER_CACHED_ANSWER": "0"}, {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'other.db'}"}):
             through_flow = cli(tmp_path, "run", str(spec), env=env)
             assert through_flow.returncode == 0, through_flow.stderr[-2000:]

@@ -103,7 +103,7 @@ def _digest(rows: list[dict]) -> str:
 
 
 def run(spec: dict, base_url: str) -> dict:
-    from flows.experiment import experiment_flow
+    from flows.execute import experiment_flow
 
     return experiment_flow(spec, spec["tracking"]["store"], spec["tracking"]["mlflow_uri"], base_url)
 

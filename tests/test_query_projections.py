@@ -13,10 +13,11 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-import tracking.analysis.query as tq
+import tracking.store.query as tq
 from tests.test_events import outcome_rows
-from tracking.analysis import overlaps
+from tracking.store import views
 from tracking.store.events import PROJECTIONS_DIR, EventStore, event_id, new_events
+from tracking.store.ledger import Ledger
 
 
 def write(store: EventStore, rows: list[dict], experiment: str = "exp", shift_s: float = 0.0) -> Path:
@@ -67,6 +68,8 @@ def test_views_equal_a_full_dedupe_and_keep_the_earliest_copy(overlapping_store)
     same(viewed(root), ref)
     same(viewed(root, "exp"), reference(root, "exp"))
     same(viewed(root, "other"), reference(root, "other"))
+    # a read of the records (pyarrow) keeps the same copies as the views (DuckDB): one rule, tracking/store/duck.py
+    same(EventStore(root).read("outcomes").sort_values("event_id")[ref.columns], ref)
     con = tq.connect(root, "exp")
     rows = con.execute("SELECT qid, created_at FROM outcomes WHERE qid = 'q3'").fetchall()
     con.close()
@@ -105,7 +108,7 @@ def test_a_new_segment_extends_the_cached_projection(overlapping_store, monkeypa
         raise AssertionError(f"full overlap scan over {len(files)} files; expected the incremental one")
 
     with monkeypatch.context() as m:
-        m.setattr(overlaps, "overlapping_segments", no_full_scan)
+        m.setattr(views, "overlapping_segments", no_full_scan)
         same(viewed(root, "exp"), reference(root, "exp"))  # A, B from the cache; C and the new one found now
     now = sorted((root / PROJECTIONS_DIR / "outcomes" / "exp").glob("overlaps-*.json"))
     assert len(now) == 1 and now != before  # the stale one is replaced
@@ -129,16 +132,16 @@ def test_a_store_that_cannot_be_written_still_answers(overlapping_store, monkeyp
     def refuse(path, text):
         raise PermissionError(f"read-only: {path}")
 
-    monkeypatch.setattr(overlaps, "_write_atomically", refuse)
+    monkeypatch.setattr(views, "_write_atomically", refuse)
     same(viewed(root), reference(root))
     assert not (root / PROJECTIONS_DIR).exists()
 
 
-def test_records_for_reads_only_the_given_questions_once(overlapping_store):
+def test_records_of_some_questions_are_read_alone_and_once(overlapping_store):
     root, segs = overlapping_store
-    got = tq.records_for(root, "outcomes", ["q3", "q8", "nope"], "exp").sort_values("qid")
+    got = Ledger(root).records("outcomes", "exp", qids=["q3", "q8", "nope"]).sort_values("qid")
     ref = reference(root, "exp")
     same(got[ref.columns], ref[ref["qid"].isin(["q3", "q8"])].sort_values("qid"))
-    only_a = tq.records_for(root, "outcomes", ["q3", "q8"], paths=[segs["A"]])
+    only_a = Ledger(root).records("outcomes", qids=["q3", "q8"], paths=[segs["A"]])
     assert list(only_a["qid"]) == ["q3"]
-    assert tq.records_for(root, "outcomes", [], "exp").empty
+    assert Ledger(root).records("outcomes", "exp", qids=[]).empty

@@ -1,4 +1,4 @@
-"""`ragledger query` (tracking.analysis.query.query) only reads: one SELECT over the views; COPY, ATTACH, INSTALL, LOAD and
+"""`ragledger query` (tracking.store.query.query) only reads: one SELECT over the views; COPY, ATTACH, INSTALL, LOAD and
 every other statement are refused before anything runs, and the connection itself can open no file but the
 segments its views cover (a SELECT through a table function cannot read /etc/passwd or write a file)."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import tracking.analysis.query as tq
+import tracking.store.query as tq
 from tests.test_events import outcome_rows
 from tests.test_query_projections import write
 from tracking.store.events import EventStore

@@ -1,4 +1,4 @@
-"""The question index (tracking/analysis/question_index.py): which experiments asked a question, a projection of the
+"""The question index (tracking/store/question_index.py): which experiments asked a question, a projection of the
 questions records that is made once, extended by reading only the experiments added or run again, rebuilt when
 deleted, and kept in memory for a store that cannot be written."""
 
@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from tests.test_compaction import question_rows, write
-from tracking.analysis import question_index as qi
+from tracking.store import question_index as qi
 from tracking.store.compaction import compact_store
 from tracking.store.events import PROJECTIONS_DIR, EventStore
 
@@ -55,15 +55,15 @@ def test_a_store_that_cannot_be_written_gets_the_index_in_memory(tmp_path, monke
 @pytest.mark.parametrize("qid", ["q0", "nope"])
 def test_history_opens_only_the_experiments_that_asked(tmp_path, qid, monkeypatch):
     from tests.test_compaction import CELLS, rows
-    from tracking.analysis import history
+    from tracking.store import ledger
 
     store = EventStore(tmp_path)
     for name in ("a", "b"):
         add(store, name, range(0, 2) if name == "a" else range(5, 7))
         write(store, "outcomes", name, rows(name, CELLS[0], range(0, 2) if name == "a" else range(5, 7)))
     opened = []
-    real = history.connect
-    monkeypatch.setattr(history, "connect", lambda *a, **k: opened.append(k["experiments"]) or real(*a, **k))
-    df = history.question_history(tmp_path, qid)
+    real = ledger.Ledger.connect
+    monkeypatch.setattr(ledger.Ledger, "connect", lambda self, names, kinds: opened.append(names) or real(self, names, kinds))
+    df = ledger.Ledger(tmp_path).question_history(qid)
     assert opened == ([["a"]] if qid == "q0" else []) and len(df) == (1 if qid == "q0" else 0)
-    assert list(df.columns) == history.HISTORY_COLUMNS
+    assert list(df.columns) == ledger.HISTORY_COLUMNS

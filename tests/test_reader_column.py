@@ -108,15 +108,16 @@ def test_every_read_of_a_mixed_store_sees_one_reader_column(mixed_store):
         validate_records(kind, df)
     assert store.verify() == (10, [])  # every segment sound, of either name
 
-    from tracking.analysis.query import connect, query, records_for
     from tracking.mlflow.pull import segment_problem
+    from tracking.store.ledger import Ledger
+    from tracking.store.query import connect, query
 
     for kind, path in old_paths.items():  # a segment pulled from another machine's MLflow run is checked the same way
         assert segment_problem(path, kind, EXP) is None, kind
     for kind in ("generations", "votes", "outcomes"):
         got = query(root, f"SELECT reader, strategy, count(*) AS n FROM {kind} GROUP BY ALL")
         assert got.to_dict("records") == [{"reader": READER, "strategy": READER, "n": 16}], kind
-        chain = records_for(root, kind, ["q2"], EXP)
+        chain = Ledger(root).records(kind, EXP, qids=["q2"])
         assert "strategy" not in chain and list(chain["reader"]) == [READER, READER], kind
     con = connect(root)
     try:
@@ -136,7 +137,7 @@ def test_query_views_of_old_only_and_new_only_stores(tmp_path):
     old_root, new_root = tmp_path / "old", tmp_path / "new"
     write_strategy_named(EventStore(old_root), "votes", records("a")["votes"])
     EventStore(new_root).write("votes", new_events("votes", EXP, records("b")["votes"]))
-    from tracking.analysis.query import query
+    from tracking.store.query import query
 
     for root in (old_root, new_root, tmp_path / "empty"):
         got = query(root, "SELECT * FROM votes")

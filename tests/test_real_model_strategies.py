@@ -61,7 +61,7 @@ def _run(tmp_path, spec: dict) -> dict:
 
 
 def test_every_reader_strategy_runs_on_the_real_model(tmp_path, shared_embedded):
-    from tracking.analysis.query import query
+    from tracking.store.query import query
 
     spec = {"name": "real-readers", "dataset": {"name": "squad", "path": "squad/dev-v1.1.json.gz", "limit": 1, "seed": 3},
             "retrievers": ["bm25@2"], "readers": [r for r, _ in READERS], "model": MODEL, "execution": {"shard_size": 1}}
@@ -95,7 +95,7 @@ RETRIEVERS = ["dense@2", "bm25@rr@2", "hybrid(bm25@1,dense@1)", "compress(bm25@2
 def test_every_retriever_kind_runs_on_the_real_model(tmp_path, data_dir, shared_embedded):
     """On a small corpus (the paragraphs of the first SQuAD dev articles, so the dense index is built in seconds)
     and one of their questions."""
-    from tracking.analysis.query import query
+    from tracking.store.query import query
 
     with gzip.open(data_dir / "squad" / "dev-v1.1.json.gz", "rt") as f:
         articles = json.load(f)["data"][:6]
@@ -132,7 +132,7 @@ GOLD = "gold(bm25@2,last)"
 
 def test_the_gold_passage_setting_runs_on_the_real_model(tmp_path, shared_embedded):
     """seed 001's gold-position setting over the SQuAD paragraphs: BM25's top 2 with the gold paragraph last."""
-    from tracking.analysis.query import query
+    from tracking.store.query import query
 
     spec = {"name": "real-gold", "dataset": {"name": "squad", "path": "squad/dev-v1.1.json.gz", "limit": 1, "seed": 3},
             "retrievers": [GOLD], "readers": ["concatenation"], "model": MODEL, "execution": {"shard_size": 1}}

@@ -89,7 +89,7 @@ def prefect_env(own_prefect: bool = False) -> dict[str, str]:
 
 
 def outcome_table(ws: Path) -> list[tuple]:
-    from tracking.analysis.query import query
+    from tracking.store.query import query
 
     df = query(ws / ".ragledger" / "store", "SELECT cell, qid, prediction, em, f1, error_type FROM outcomes ORDER BY cell, qid")
     return [tuple(r) for r in df.itertuples(index=False)]
@@ -260,7 +260,7 @@ def test_four_experiments_at_once_on_one_store_and_mlflow(tmp_path):
         assert len(keys) - len(set(keys)) <= 4 * 2
     for kind, (rows, distinct) in raw_event_counts(tmp_path).items():
         assert rows == distinct, kind
-    from tracking.analysis.query import query
+    from tracking.store.query import query
 
     per_exp = query(tmp_path / ".ragledger" / "store", "SELECT experiment, count(*) AS n FROM outcomes GROUP BY experiment")
     assert sorted(per_exp["n"]) == [24, 24, 24, 24]

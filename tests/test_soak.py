@@ -58,7 +58,7 @@ def spec_for(ws: Path, name: str, base_url: str, dataset: dict | list[dict]) -> 
 
 
 def table(store: Path, where: str = "") -> list[tuple]:
-    from tracking.analysis.query import query
+    from tracking.store.query import query
 
     df = query(store, f"SELECT cell, qid, prediction, em, f1, error_type FROM outcomes {where} ORDER BY cell, qid")
     return [tuple(r) for r in df.itertuples(index=False)]

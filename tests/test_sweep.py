@@ -49,7 +49,7 @@ BEFORE = {
 @pytest.mark.parametrize("case", list(BEFORE))
 def test_a_single_mapping_spec_keeps_its_hash_and_cache_identity(case):
     from core.datasets import Question
-    from flows.experiment import question_rows
+    from flows.plan import question_rows
     from tracking.store.events import stable_hash
 
     patch, spec_hash, dataset_key, question_event = BEFORE[case]
@@ -131,7 +131,7 @@ def sweep_spec(ws: Path, model: dict) -> dict:
 def test_sweep_runs_each_dataset_as_an_experiment_with_one_endpoint(tmp_path, data_dir, prefect_harness, monkeypatch):
     from flows.experiment import scheduled_experiment
     from flows.sweep import run_spec
-    from tracking.analysis.query import query
+    from tracking.store.query import query
 
     with ScriptedServer(answer=answer) as server:
         starts: list[str] = []

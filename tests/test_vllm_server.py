@@ -110,7 +110,7 @@ def _spec(tmp: Path, name: str, base_url: str, **fields) -> Path:
 
 
 def _generations(cwd: Path):
-    from tracking.analysis.query import query
+    from tracking.store.query import query
 
     return query(cwd / ".ragledger" / "store", "SELECT * FROM generations")
 
@@ -181,7 +181,7 @@ def test_every_kind_of_request_the_readers_send(vllm, tmp_path):
     summary = gens[(gens["reader"] == "sure_generic") & (gens["role"] == "summary")]
     assert len(summary) == 1 and 0 < summary["tokens_out"].iloc[0] <= 200  # within its own max_tokens (200)
 
-    from tracking.analysis.query import query
+    from tracking.store.query import query
 
     votes = query(tmp_path / ".ragledger" / "store", "SELECT reader, method FROM votes")
     assert set(votes[votes["reader"].str.startswith("refeed")]["method"]) == {"refeed-answer-prob"}
@@ -227,7 +227,7 @@ def test_a_prompt_over_the_context_ends_the_run_with_one_line_naming_cell_and_qu
     assert len(errors) == 1, out.stderr[-3000:]
     line = errors[0]
     print(line)
-    from tracking.analysis.query import query
+    from tracking.store.query import query
 
     qid = query(tmp_path / ".ragledger" / "store", "SELECT qid FROM questions")["qid"][0]
     assert f"cell 'bm25@20 · concatenation · {SERVED}', question {qid} (round 1, answer call)" in line

@@ -78,8 +78,8 @@ def test_bench_per_example_query(benchmark, big_store):
     projection (which segments share events; cached under <store>/projections): timed once, apart."""
     import shutil
 
-    from tracking.analysis.query import query
     from tracking.store.events import PROJECTIONS_DIR
+    from tracking.store.query import query
 
     sql = "SELECT cell, prediction, em, error_type FROM outcomes WHERE qid = 'q054321' ORDER BY cell"
     shutil.rmtree(os.path.join(big_store, PROJECTIONS_DIR), ignore_errors=True)

@@ -109,7 +109,7 @@ def stricter_ratio(flow_s: float, generate_s: float) -> dict:
 
 def test_p1_p2_full_flow_then_cached_reruns(benchmark, latency_server, prefect_harness, tmp_path_factory,
                                             monkeypatch, record_result):
-    from flows.experiment import run_experiment
+    from flows.execute import run_experiment
 
     monkeypatch.setenv("RAGLEDGER_BENCH_KEY", "unused")
     store = str(tmp_path_factory.mktemp("p1") / "store")
@@ -167,7 +167,7 @@ def test_p1_full_flow_on_two_dask_worker_processes(benchmark, latency_server, pr
     bounds its calls at 32), but the openai client's per-request CPU cost, which makes the single-process
     baseline CPU-bound here, is spread over two processes. Reported beside the thread-runner ratio, not
     instead of it: the baseline stays one process."""
-    from flows.experiment import run_experiment
+    from flows.execute import run_experiment
 
     monkeypatch.setenv("RAGLEDGER_BENCH_KEY", "unused")
     store = str(tmp_path_factory.mktemp("p1-dask") / "store")

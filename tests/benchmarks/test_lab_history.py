@@ -51,12 +51,13 @@ if what.startswith("raw"):
     files = sorted(glob.glob(f"{root}/outcomes/*/*.parquet"))
     questions = sorted(glob.glob(f"{root}/questions/*/*.parquet"))
 else:
-    from tracking.analysis.history import experiment_readers_table, leaderboard, question_history
+    from tracking.analysis.history import experiment_readers_table, leaderboard
+    from tracking.store.ledger import Ledger
 started = time.perf_counter()
 if what == "leaderboard":
     rows = len(leaderboard(root, top=None))
 elif what == "history":
-    rows = len(question_history(root, arg))
+    rows = len(Ledger(root).question_history(arg))
 elif what == "readers":
     rows = len(experiment_readers_table(root, arg))
 elif what == "raw-leaderboard":

@@ -73,7 +73,7 @@ def _run(workdir: Path, prefix_order: bool) -> dict:
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     summary = json.loads((workdir / "run.json").read_text())
     sys.path.insert(0, str(REPO))
-    from tracking.analysis.query import query
+    from tracking.store.query import query
 
     store = workdir / ".ragledger" / "store"
     rows = query(store, "SELECT cell, qid, prediction, em FROM outcomes ORDER BY cell, qid").to_csv(index=False)
@@ -89,7 +89,7 @@ def _run(workdir: Path, prefix_order: bool) -> dict:
 def compare_outputs(a: Path, b: Path) -> dict:
     """Which calls (by cache key) the two runs both made, and which of those returned different text: each named by
     its strategy, role and question, with the characters its prompt shared with the one before it in either run."""
-    from tracking.analysis.query import query
+    from tracking.store.query import query
 
     sql = "SELECT call_id, any_value(strategy) AS strategy, any_value(role) AS role, any_value(qid) AS qid, " \
           "any_value(output) AS output FROM generations WHERE NOT from_cache GROUP BY call_id"
@@ -111,7 +111,7 @@ def admissions(workdir: Path, store: Path) -> dict:
     slot); written to admissions.tsv beside the run. Also the characters any order could at best leave to evaluate:
     the prompts in lexicographic order, each sharing its longest possible prefix with the one before (round
     dependencies ignored, so a bound)."""
-    from tracking.analysis.query import query
+    from tracking.store.query import query
 
     log = [json.loads(line) for line in (workdir / "admissions.jsonl").read_text().splitlines()]
     gens = query(store, "SELECT DISTINCT system_prompt, prompt, strategy, round, role, qid, sample_index FROM generations")

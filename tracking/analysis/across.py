@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from tracking.analysis.executions import experiment_outcomes
 from tracking.analysis.inconsistency import CORRECTNESS, AnalysisError, correct_answers
+from tracking.store.ledger import Ledger
 
 
 def accuracy_across(store_root: str | Path, experiments: list[str], metric: str = "em") -> pd.DataFrame:
@@ -23,7 +23,7 @@ def accuracy_across(store_root: str | Path, experiments: list[str], metric: str 
         raise AnalysisError(f"an experiment is named twice: {', '.join(experiments)}")
     accuracy, questions = {}, {}
     for name in experiments:
-        outcomes = experiment_outcomes(store_root, name)
+        outcomes = Ledger(store_root).experiment_outcomes(name)
         right = pd.Series(correct_answers(outcomes, metric), index=outcomes.index, dtype=float)
         by_cell = right.groupby(outcomes["cell"].astype(str))
         accuracy[name], questions[f"questions:{name}"] = by_cell.mean() * 100, by_cell.size()

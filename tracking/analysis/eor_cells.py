@@ -25,8 +25,8 @@ from tracking.analysis.eor import (
     is_train,
     similarity_tensor,
 )
-from tracking.analysis.executions import ensemble_rows
 from tracking.store.events import EventStore, event_id, new_events, stable_hash
+from tracking.store.ledger import ensemble_rows
 
 
 @dataclass

@@ -24,6 +24,7 @@ import pandas as pd
 
 from core.cell import Cell
 from tracking.analysis.metrics import bootstrap_ci
+from tracking.store.ledger import LedgerError
 
 CORRECTNESS = ("em", "semantic")
 ERROR_INDICATORS = ("RE", "LG", "RF", "EE", "HE", "abstain", "HE_literal")
@@ -31,8 +32,9 @@ ERROR_INDICATORS = ("RE", "LG", "RF", "EE", "HE", "abstain", "HE_literal")
 SHARE_CLASSES = ("correct", "lucky_guess", "retrieval_failure", "extraction_error", "hallucination_error", "abstention")
 
 
-class AnalysisError(ValueError):
-    """Stored outcomes cannot be analysed as asked (one line, naming what is missing)."""
+class AnalysisError(LedgerError):
+    """Stored outcomes cannot be analysed as asked (one line, naming what is missing); a LedgerError, so a command
+    reports a failed read and a failed analysis alike."""
 
 
 def rwr(correct: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

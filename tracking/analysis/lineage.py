@@ -12,9 +12,8 @@ from typing import Any
 import pandas as pd
 
 from core.cell import is_ensemble_retriever
-from tracking.analysis.executions import latest_execution
-from tracking.analysis.query import records_for
 from tracking.store.catalog import segment_exists
+from tracking.store.ledger import Ledger
 
 CHAIN_KINDS = ("retrievals", "generations", "votes")
 
@@ -22,11 +21,12 @@ CHAIN_KINDS = ("retrievals", "generations", "votes")
 def chain_records(store_root: str | Path, experiment: str, qids: list[str]) -> dict[str, pd.DataFrame]:
     """Retrievals, generations and votes of the given questions, from the latest execution's segments
     (every segment of the experiment when there is no run manifest)."""
-    segs = (latest_execution(store_root, experiment) or {}).get("segments", {})
+    ledger = Ledger(store_root)
+    segs = (ledger.latest_execution(experiment) or {}).get("segments", {})
     out = {}
     for kind in CHAIN_KINDS:
         paths = sorted({p for cell in segs.values() for p in cell.get(kind, []) if segment_exists(p)}) if segs else None
-        out[kind] = records_for(store_root, kind, qids, experiment, paths)
+        out[kind] = ledger.records(kind, experiment, qids=qids, paths=paths)
     return out
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from tracking.store.events import write_text_atomically
+from core.diskfull import write_text_atomically
 
 # bump when cell_metrics changes: it names the cached projections (3: EM CI by tracking.analysis.metrics.bootstrap_ci's counts)
 METRICS_VERSION = "3"

@@ -242,9 +242,9 @@ def _eor(res: AnalysisResult) -> str:
 def html_report(res: AnalysisResult, store_root: str | Path | None = None) -> str:
     questions = None
     if store_root is not None:
-        from tracking.store.events import EventStore
+        from tracking.store.ledger import Ledger
 
-        questions = EventStore(store_root).read("questions", res.experiment)
+        questions = Ledger(store_root).records("questions", res.experiment)
     dropped = f" ({res.dropped_questions} question(s) not answered by every cell left out)" if res.dropped_questions else ""
     return (
         f"<!doctype html><html><head><meta charset=utf-8><title>ragledger — {_e(res.experiment)}</title>"

@@ -83,10 +83,10 @@ def ensure_local(experiment: str, store: str | Path, mlflow_uri: str | None = No
     """Pull `experiment` from MLflow (`mlflow_uri`, else MLFLOW_TRACKING_URI) only when the local store lacks it (no
     run manifest and no outcome segment). Returns the pull's result, or None when nothing was pulled (the store has
     the experiment, or no MLflow URI is given: the command then reports a missing experiment as it always did)."""
-    from tracking.analysis.executions import manifests
-    from tracking.store.events import EventStore
+    from tracking.store.ledger import Ledger
 
-    if manifests(store, experiment) or EventStore(store).segments("outcomes", experiment):
+    ledger = Ledger(store)
+    if ledger.manifests(experiment) or ledger.store.segments("outcomes", experiment):
         return None
     uri = mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if not uri:
@@ -501,8 +501,8 @@ def _check_schema_versions(todo: list[_Execution], store: Path, experiment: str)
 
 def _move_in(ex: _Execution, store: Path, experiment: str, tracking_uri: str, result: PullResult) -> None:
     """Staged segments renamed into the store, the call pack imported, then the manifest written (last)."""
+    from core.diskfull import write_text_atomically
     from engines.llm_cache import LLMCallCache
-    from tracking.store.events import write_text_atomically
 
     dirs: set[Path] = set()
     for kind, name in sorted(ex.segments):

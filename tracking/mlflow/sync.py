@@ -1,5 +1,5 @@
 """MLflow as a projection of the store: an execution's MLflow runs are logged from its run manifest
-(`<store>/runs/<experiment>/<execution>.json`, tracking/analysis/executions.py), exactly once, whenever MLflow takes them.
+(`<store>/runs/<experiment>/<execution>.json`, tracking/store/ledger.py), exactly once, whenever MLflow takes them.
 
 - Before logging, a pending marker `<store>/mlflow-pending/<experiment>/<execution>.json` is written; it is removed
   only once every run of the execution is logged and ended. A run whose MLflow is down (or that is killed while

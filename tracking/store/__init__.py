@@ -1,2 +1,3 @@
-"""The event store: immutable record segments and run manifests (`events`) and call packs (`callpack`).
-The lowest part of tracking: analysis and mlflow read it."""
+"""The event store: immutable record segments and run manifests (`events`), their packs (`catalog`, `compaction`),
+call packs (`callpack`), and the one read path over them (`ledger`: views, queries, the question index). The lowest
+part of tracking: analysis and mlflow read through it."""

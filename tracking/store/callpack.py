@@ -96,7 +96,7 @@ def write(path: str | Path, data: bytes) -> None:
     """Write a pack aside and rename it into place: a reader never finds half a pack."""
     import os
 
-    from tracking.store.events import temp_path
+    from core.atomic import temp_path
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,8 @@
 """Compaction: an experiment's segments of each kind rewritten into one pack, as event stores compact their logs.
 
 Only which files hold the events changes. The pack holds each event once: of copies that overlapped (a resumed or
-re-sharded run writes some events into a second segment) the one every view shows, the earliest written, ties by
-file name (tracking/analysis/overlaps.py). Its rows are sorted by question, cell and event id and kept in row groups
+re-sharded run writes some events into a second segment) the one every reader shows (tracking/store/duck.py
+`COPY_RANK`). Its rows are sorted by question, cell and event id and kept in row groups
 of PACK_ROW_GROUP rows, so a query for one question or one cell skips, by the row groups' statistics, what it does
 not need. Its `_segments` column lists the segments that held each event, so the segment paths a run manifest
 names read as before (tracking/store/catalog.py).
@@ -45,7 +45,7 @@ from tracking.store.catalog import (
     packed_in,
     segment_of,
 )
-from tracking.store.duck import memory_connection
+from tracking.store.duck import COPY_RANK, memory_connection, sql_list
 from tracking.store.events import CHECKSUM_KEY, KIND_KEY, EventStore, read_file, stable_hash, written_checksum
 
 PACK_ROW_GROUP = 8192
@@ -123,11 +123,10 @@ def _write_pack(kind: str, directory: Path, loose: list[Path], entry: PackEntry 
     sources = ([directory / entry.pack] if entry else []) + loose
     held = f"coalesce(\"{SEGMENTS_COLUMN}\", [parse_filename(filename)])" if entry else "[parse_filename(filename)]"
     hidden = f"filename, __held, __rn, __all{f', {SEGMENTS_COLUMN}' if entry else ''}"
-    files = "[" + ", ".join("'" + str(f).replace("'", "''") + "'" for f in sources) + "]"
     sql = (f"SELECT * EXCLUDE ({hidden}), __all AS \"{SEGMENTS_COLUMN}\" FROM ("
-           f"SELECT *, row_number() OVER (PARTITION BY qid, event_id ORDER BY created_at, filename) AS __rn, "
+           f"SELECT *, {COPY_RANK} AS __rn, "
            f"list_sort(list_distinct(flatten(list(__held) OVER (PARTITION BY qid, event_id)))) AS __all FROM ("
-           f"SELECT *, {held} AS __held FROM read_parquet({files}, union_by_name = true, filename = true))) "
+           f"SELECT *, {held} AS __held FROM read_parquet({sql_list(sources)}, union_by_name = true, filename = true))) "
            f"WHERE __rn = 1 ORDER BY qid, cell, event_id")
     con = memory_connection()
     try:

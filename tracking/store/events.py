@@ -26,10 +26,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from core.atomic import atomic_path
-from core.atomic import temp_path as temp_path  # re-exported: flows/experiment.py imports it from here
 from core.crash import crashpoint
 from core.diskfull import reported_as_store_full
-from core.diskfull import write_text_atomically as write_text_atomically  # re-exported: projections write with it
 from core.hashing import stable_hash as stable_hash  # re-exported: ids and keys across tasks/ and flows/
 from core.processes import pid_alive
 from schemas.records import RECORD_MODELS, SCHEMA_VERSION, columns_of, current_names, validate_records
@@ -44,6 +42,7 @@ from tracking.store.catalog import (
     segment_of,
     split_packed,
 )
+from tracking.store.duck import earliest_rows
 
 # derived, rebuildable views of the segments (overlap sets, cell metrics) live under <store>/projections/
 PROJECTIONS_DIR = "projections"
@@ -86,15 +85,6 @@ def written_checksum(table: pa.Table) -> str:
     buf = pa.BufferOutputStream()
     pq.write_table(table, buf, compression="zstd")
     return _table_checksum(pq.read_table(pa.BufferReader(buf.getvalue())))
-
-
-def earliest_copies(df: pd.DataFrame) -> pd.DataFrame:
-    """Each event once, in the rows' order: of copies of one event (overlapping segments) the earliest written, ties
-    by the order of the rows, the same copy the views show (tracking/analysis/overlaps.py) and a pack keeps."""
-    if not df["event_id"].duplicated().any():
-        return df.reset_index(drop=True)
-    keep = df.sort_values("created_at", kind="stable").drop_duplicates("event_id", keep="first").index
-    return df.loc[sorted(keep)].reset_index(drop=True)
 
 
 def segment_table(path: str | Path, columns: list[str] | None = None) -> pa.Table:
@@ -236,13 +226,20 @@ class EventStore:
             frames = self._frames(kind, experiment, wanted)
         if not frames:
             return pd.DataFrame(columns=columns_of(kind))
-        return earliest_copies(pd.concat(frames, ignore_index=True))
+        events = pd.concat([frame for _, frame in frames], ignore_index=True)
+        if not events["event_id"].duplicated().any():
+            return events
+        # copies of an event: the one every reader keeps (tracking/store/duck.py), the rows otherwise in their order
+        files = [str(name) for name, frame in frames for _ in range(len(frame))]
+        return events.iloc[earliest_rows(events, files)].reset_index(drop=True)
 
-    def _frames(self, kind: str, experiment: str | None, paths: list[Path | str] | None) -> list[pd.DataFrame]:
+    def _frames(self, kind: str, experiment: str | None,
+                paths: list[Path | str] | None) -> list[tuple[Path, pd.DataFrame]]:
+        """Each file's events with the file they were read from (a pack for its segments)."""
         if paths is None:
-            return [read_file(f) for f in self.segments(kind, experiment)]
+            return [(f, read_file(f)) for f in self.segments(kind, experiment)]
         files, packed = split_packed(paths)
-        return [read_file(f) for f in files] + [read_file(pack, names) for pack, names in packed.items()]
+        return [(Path(f), read_file(f)) for f in files] + [(p, read_file(p, names)) for p, names in packed.items()]
 
     def verify(self) -> tuple[int, list[VerifyProblem]]:
         """Check every segment's and every pack's checksum and schema, and that each catalog's packs hold the segments

@@ -1,5 +1,5 @@
 """Query layer: DuckDB views over every stored event segment (projections, never the source of truth), each event
-once although segments may overlap (tracking/analysis/overlaps.py says how, and what is cached).
+once although segments may overlap (tracking/store/views.py says how, and what is cached).
 
 `query` (and `ragledger query`) only reads: it runs one statement, a SELECT (or WITH ... SELECT), and refuses
 any other (COPY, ATTACH, INSTALL, LOAD, CREATE, SET, PRAGMA, ...) before running anything; its connection then
@@ -16,11 +16,11 @@ from pathlib import Path
 import duckdb
 import pandas as pd
 
-from schemas.records import RECORD_MODELS, columns_of, current_names
-from tracking.analysis.overlaps import current_names_select, dedupe_select, empty_select, kind_select, sql_list
-from tracking.store.catalog import SEGMENTS_COLUMN, reading, split_packed
-from tracking.store.duck import memory_connection
-from tracking.store.events import EventStore, earliest_copies
+from schemas.records import RECORD_MODELS, columns_of
+from tracking.store.catalog import reading
+from tracking.store.duck import memory_connection, sql_list
+from tracking.store.events import EventStore
+from tracking.store.views import current_names_select, empty_select, kind_select
 
 
 def connect(store_root: str | Path, experiment: str | None = None, use_cache: bool = True,
@@ -96,33 +96,3 @@ def query(store_root: str | Path, sql: str, experiment: str | None = None) -> pd
 def outcomes(store_root: str | Path, experiment: str | None = None) -> pd.DataFrame:
     df = query(store_root, "SELECT * FROM outcomes ORDER BY cell, qid", experiment)
     return df[[c for c in columns_of("outcomes") if c in df.columns]]
-
-
-def records_for(store_root: str | Path, kind: str, qids: Sequence[str], experiment: str | None = None,
-                paths: Sequence[str | Path] | None = None) -> pd.DataFrame:
-    """The records of one kind for the given questions, each event once: from `paths` (e.g. one
-    execution's segments) when given, else from every segment of the experiment (or store). Columns of an earlier
-    name read under their name now (schemas/records.current_names)."""
-    if not qids:
-        return pd.DataFrame(columns=columns_of(kind))
-    with reading(store_root):  # listed files stay until they are read (tracking/store/catalog.py)
-        return _records_for(EventStore(store_root), kind, qids, experiment, paths)
-
-
-def _records_for(store: EventStore, kind: str, qids: Sequence[str], experiment: str | None,
-                 paths: Sequence[str | Path] | None) -> pd.DataFrame:
-    files, packed = split_packed(list(paths) if paths is not None else store.segments(kind, experiment))
-    files = [str(f) for f in files]
-    if not files and not packed:
-        return pd.DataFrame(columns=columns_of(kind))
-    con = memory_connection()
-    try:
-        con.execute("CREATE TEMP TABLE wanted (qid VARCHAR)")
-        con.executemany("INSERT INTO wanted VALUES (?)", [(str(q),) for q in dict.fromkeys(qids)])
-        where = "qid IN (SELECT qid FROM wanted)"
-        parts = [dedupe_select(files, where)] if files else []
-        parts += [f'SELECT * EXCLUDE ("{SEGMENTS_COLUMN}") FROM read_parquet({sql_list([str(pack)])}) WHERE {where} '
-                  f'AND list_has_any("{SEGMENTS_COLUMN}", {sql_list(sorted(names))})' for pack, names in packed.items()]
-        return earliest_copies(current_names(con.execute(" UNION ALL BY NAME ".join(parts)).fetch_df()))
-    finally:
-        con.close()

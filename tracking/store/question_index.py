@@ -21,10 +21,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from core.atomic import atomic_path
-from tracking.analysis.overlaps import projection_key, sql_list
 from tracking.store.catalog import CATALOG_DIR, reading
-from tracking.store.duck import memory_connection
+from tracking.store.duck import memory_connection, sql_list
 from tracking.store.events import PROJECTIONS_DIR, EventStore
+from tracking.store.views import projection_key
 
 INDEX_VERSION = "questions-1"
 STAMPS_KEY = b"ragledger.question_index"

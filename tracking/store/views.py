@@ -1,5 +1,6 @@
 """The views' SQL over stored segments, each event once although segments may overlap (a resumed or re-sharded run
-writes some events again, into another segment). Finding the overlaps needs every event id, which is the costly part
+writes some events again, into another segment; tracking/store/duck.py says which copy every reader keeps). Finding
+the overlaps needs every event id, which is the costly part
 of a query over many segments, so it is done once per set of segments and cached:
 
 - the *overlap projection* of a kind lists the segments a view covers (one experiment's, or every
@@ -11,9 +12,9 @@ of a query over many segments, so it is done once per set of segments and cached
   with the rest (a semi-join) instead of a window over every event. A store that cannot be written to
   gets it in memory.
 - a view is then a plain `read_parquet` over the segments that share no event with another (each of
-  their events is unique), plus, only when some segments do overlap, the old dedupe over those:
-  `row_number() OVER (PARTITION BY qid, event_id ORDER BY created_at, filename) = 1`. The answers are
-  the same as the dedupe over every segment; a `WHERE qid = ...` is pushed into the Parquet scan.
+  their events is unique), plus, only when some segments do overlap, the earliest copy of each event over those
+  (tracking/store/duck.py `COPY_RANK`). The answers are the same as that rule over every segment; a
+  `WHERE qid = ...` is pushed into the Parquet scan.
 
 A column a segment may hold under an earlier name (schemas/records.RENAMED_COLUMNS: `strategy`, the reader column)
 reads under its name now, `reader`, over segments of either name or both (`current_names_select`); the earlier name
@@ -29,9 +30,11 @@ from pathlib import Path
 
 import duckdb
 
+from core.diskfull import write_text_atomically
 from schemas.records import RENAMED_COLUMNS, columns_of, schema_of
 from tracking.store.catalog import SEGMENTS_COLUMN, load_catalog
-from tracking.store.events import PROJECTIONS_DIR, EventStore, stable_hash, write_text_atomically
+from tracking.store.duck import earliest_select, sql_list
+from tracking.store.events import PROJECTIONS_DIR, EventStore, stable_hash
 
 PROJECTION_VERSION = "overlap-2"
 
@@ -54,10 +57,6 @@ def empty_select(kind: str) -> str:
             sql = "VARCHAR[]"
         cols.append(f"CAST(NULL AS {sql}) AS \"{name}\"")
     return f"SELECT {', '.join(cols)} WHERE FALSE"
-
-
-def sql_list(files: Sequence[str]) -> str:
-    return "[" + ", ".join("'" + f.replace("'", "''") + "'" for f in files) + "]"
 
 
 def _sql_names(names: Sequence[str]) -> str:
@@ -94,18 +93,12 @@ def without_bookkeeping(select: str, files: Sequence[str]) -> str:
 
 
 def dedupe_select(files: Sequence[str], where: str = "") -> str:
-    """Each event once among `files`: the earliest written copy (ties: the first file by name).
-    Every kind has qid and one event has one qid, so partitioning by (qid, event_id) is the same dedupe
-    as by event_id, but lets DuckDB push a `WHERE qid = ...` below the window; `where` (a condition on
-    qid only) is applied before the window for the same reason."""
+    """Each event once among `files` (tracking/store/duck.py `earliest_select`; `where`: a condition on qid only)."""
     return without_bookkeeping(_dedupe(files, where), files)
 
 
 def _dedupe(files: Sequence[str], where: str = "") -> str:
-    return (f"SELECT * EXCLUDE (rn, filename) FROM (SELECT *, row_number() OVER "
-            f"(PARTITION BY qid, event_id ORDER BY created_at, filename) AS rn "
-            f"FROM read_parquet({sql_list(files)}, union_by_name = true, filename = true)"
-            f"{f' WHERE {where}' if where else ''}) WHERE rn = 1")
+    return earliest_select(f"read_parquet({sql_list(files)}, union_by_name = true, filename = true)", where)
 
 
 def overlapping_segments(con: duckdb.DuckDBPyConnection, files: Sequence[str]) -> set[str]:
