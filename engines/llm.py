@@ -1,13 +1,13 @@
 """The one way ragledger talks to a model: the `openai` client against an OpenAI-compatible endpoint.
 
-OpenAI, a vLLM server and the embedded llama.cpp server all go through `LLMClient.complete`, which
-adds the content-addressed call cache, bounded concurrency, and bounded retries with exponential
-backoff, jitter and Retry-After. Backends that ignore `n` are handled by callers asking for one
-sample per request, each with its own `sample_index` (and seed).
+OpenAI, a vLLM server and the embedded llama.cpp server all go through `LLMClient.complete`: the call's key in the
+content-addressed call cache, looked up once here, identical calls in flight asked once, and the counters a stage
+reports. Backends that ignore `n` are handled by callers asking for one sample per request, each with its own
+`sample_index` (and seed).
 
 The calls themselves are made in model-call processes (`engines.model_call_process`, which says why), started on the
-first call by this process's engine loop; this side keeps what belongs to a run: the call's cache key, identical
-calls in flight asked once, and the counters a stage reports.
+first call by this process's engine loop: there the concurrency is bounded (engines/concurrency.py) and a failed call
+retried with exponential backoff, jitter and Retry-After (engines/llm_http.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The experiment's entry points: the experiment flow (run by flows/execute.py from the plan of flows/plan.py), the
-runner choice, and the scheduled flow a `ragledger schedule` deployment serves, which runs a spec as an experiment
-or, for a list of datasets, as a sweep (flows/sweep.py).
+"""The scheduled flow a `ragledger schedule` deployment serves: it runs a spec as an experiment or, for a list of
+datasets, as a sweep (flows/sweep.py). The experiment flow itself is flows/execute.py's, run from the plan of
+flows/plan.py.
 
 This module sits above both flows, so neither imports it: flows/sweep.py runs its experiments through
 flows/execute.py.
@@ -10,17 +10,8 @@ from __future__ import annotations
 
 from prefect import flow
 
-from flows.execute import experiment_flow, run_experiment
-from flows.executor import recall_curve_files
-from flows.plan import FLOW_VERSION, question_rows, shard
-from flows.recording import log_to_mlflow
-from flows.run_summary import RunSummary
-from flows.runners import HEARTBEAT_SETTINGS, task_runner_for, without_default_heartbeats
+from flows.plan import FLOW_VERSION
 from flows.sweep import run_spec
-
-__all__ = ["FLOW_VERSION", "HEARTBEAT_SETTINGS", "RunSummary", "experiment_flow", "log_to_mlflow", "question_rows",
-           "recall_curve_files", "run_experiment", "scheduled_experiment", "shard", "task_runner_for",
-           "without_default_heartbeats"]
 
 
 @flow(name="ragledger-scheduled", version=FLOW_VERSION)
