@@ -76,11 +76,11 @@ class ExecutionViews:
 
     def questions(self):
         if self._questions is None:
-            from tracking.store.events import EventStore
+            from tracking.store.ledger import Ledger
 
             def read():
                 paths = self._segments("questions")
-                return EventStore(self.store_root or ".").read("questions", paths=paths) if paths else None
+                return Ledger(self.store_root or ".").records("questions", paths=paths) if paths else None
 
             self._questions = self._prepared("questions", read)
         return self._questions
@@ -124,13 +124,13 @@ class ExecutionViews:
 
     def log_outcomes(self, logger: Any, run_id: str, cell: str) -> None:
         """The cell's per-example outcomes as an MLflow table (question, gold, prediction, EM, F1, error type)."""
-        from tracking.store.events import EventStore
+        from tracking.store.ledger import Ledger
 
         paths, q = self._segments("outcomes", cell), self.questions()
         if not paths or q is None:
             return
         table = self._prepared(f"outcome table of {cell}", lambda: outcomes_table(
-            EventStore(self.store_root or ".").read("outcomes", paths=paths), q))
+            Ledger(self.store_root or ".").records("outcomes", paths=paths), q))
         if table is not None:
             log_table(logger, run_id, table, "outcomes_table.json")
 
@@ -149,10 +149,10 @@ class ExecutionViews:
 
     def _records(self, kind: str):
         """The execution's records of one kind (every cell), or None when the store lacks them."""
-        from tracking.store.events import EventStore
+        from tracking.store.ledger import Ledger
 
         paths = self._segments(kind)
-        return EventStore(self.store_root or ".").read(kind, paths=paths) if paths else None
+        return Ledger(self.store_root or ".").records(kind, paths=paths) if paths else None
 
     def log_callpack(self, logger: Any, run_id: str, execution: str) -> None:
         """The execution's LLM calls, from the store's call cache, as one artifact (tracking/store/callpack.py). Calls made
