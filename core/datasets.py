@@ -165,8 +165,8 @@ def load_questions(name: str, path: str) -> list[Question]:
         if len(_loaded) >= 8:
             _loaded.pop(next(iter(_loaded)))
         _loaded[key] = _parse_questions(name, p)
-    # shallow copies through the constructor, every field included: copy.copy of 10,570 SQuAD questions took 0.18 s,
-    # replace() 15 ms, on the way to the first model call of a run
+    # shallow copies through the constructor, every field included: an order of magnitude faster than copy.copy, on
+    # the way to the first model call of a run (docs/performance.md, "Small costs behind the code")
     return [replace(q) for q in _loaded[key]]
 
 

@@ -18,15 +18,14 @@ import os
 # an existing scheduler need it set by whoever starts them)
 PROCESSES_ENV = "RAGLEDGER_ENDPOINT_PROCESSES"
 # One model-call process per this many requests in flight, and at most one per core. One process's CPU per
-# request (~0.7 ms in the openai client) bounds it at hundreds of requests a second: answers arrive in waves and
-# wait for each other. P1 (10,000 calls, 64 in flight, 100 ms each): the flow took 19.5 s with one process and
-# 18.2-18.8 s with two (docs/performance.md).
+# request in the openai client bounds it at hundreds of requests a second: answers arrive in waves and wait for
+# each other; P1 runs faster with two processes than with one (docs/performance.md).
 REQUESTS_PER_CALL_PROCESS = 32
 MAX_CALL_PROCESSES = os.cpu_count() or 1
 # Calls a model-call process may hold beyond its share: queued there, they go out the moment a slot frees, even
-# while task threads hold this process's GIL (128 is ~0.4 s of P1's calls per process). The rest wait in the parent,
-# so the processes finish together: handed out all at once when queued, a shard's calls left one process with ~600
-# to make alone, 32 in flight, for the last 2 s of P1 while the other idled.
+# while task threads hold this process's GIL. The rest wait in the parent, so the processes finish together: handed
+# out all at once when queued, a shard's calls left one process to make the last of them alone while the other idled
+# (docs/performance.md).
 BACKLOG_PER_CALL_PROCESS = 128
 
 

@@ -33,11 +33,8 @@ _lock = threading.Lock()
 _ready = False
 
 # A JVM that searches only a few thousand queries in all (one `ragledger run` of a small experiment, a fresh process)
-# stops at the C1 compiler: C2's compile threads took 2.4-3.0 s of CPU in a cold run of 2,000 SQuAD questions (bm25@5)
-# and its search threads used the same CPU either way (0.9-1.0 s), the hot code being compiled by C2 only as the
-# searches ended; with C1 only the compilers took 0.36 s. Over 10,570 questions in a warm JVM, C1 alone searches
-# ~1.75x slower (tests/benchmarks/test_bm25_speed.py under JAVA_TOOL_OPTIONS=-XX:TieredStopAtLevel=1: 7.0 s
-# against 3.7-4.3 s): beyond a few thousand queries C2 pays for itself (docs/performance.md).
+# stops at the C1 compiler: C2's compile threads cost several times C1's CPU and its code arrives only as the searches
+# end; beyond a few thousand queries C2 pays for itself (docs/performance.md, "The JVM's compiler").
 QUICK_JIT_MAX_QUERIES = 4_000
 _expected_queries: int | None = None
 
@@ -75,7 +72,7 @@ def ensure_jvm() -> None:
 
                 configure_classpath(os.environ.get("ANSERINI_CLASSPATH") or str(_jar_folder()))
         # starts the JVM; importing pyserini.pyclass would also reflect eight Java classes ragledger does not use into
-        # Python objects (0.2 s holding the GIL, 0.8 s while a run's head start imports its stages beside it)
+        # Python objects, holding the GIL while a run's head start imports its stages beside it (docs/performance.md)
         import jnius  # noqa: F401
 
         _ready = True

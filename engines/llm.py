@@ -34,7 +34,7 @@ from engines.llm_cache import LLMCallCache
 from engines.llm_types import BackendError, ContextOverflow, Endpoint, LLMRequest, LLMResponse, cached_response
 
 # the client's API: the call types, and the engine loop its calls run on (engines/call_processes.py)
-__all__ = ["BackendError", "CallCounters", "ContextOverflow", "EarlyCalls", "LLMClient", "LLMRequest", "LLMResponse",
+__all__ = ["BackendError", "CallCounters", "ContextOverflow", "HeadStartCalls", "LLMClient", "LLMRequest", "LLMResponse",
            "api_key_from_env", "close_clients", "run_on_engine", "start_first_call_process"]
 
 
@@ -52,8 +52,8 @@ def _call_key(identity: str, model: str, req: LLMRequest) -> str:
     memo = (identity, model, req)
     key = _KEYS.get(memo)
     if key is None:
-        # the fields by name, as dataclasses.asdict gives them (same key), without its 6 us deep copy: this
-        # runs on the engine loop once per call
+        # the fields by name, as dataclasses.asdict gives them (same key), without its deep copy of the prompt: this
+        # runs on the engine loop once per call (docs/performance.md, "Small costs behind the code")
         request = {name: getattr(req, name) for name in _REQUEST_FIELDS}
         # a call asking for log-probabilities caches them per token (TOKEN_LOGPROBS_FORMAT): entries from
         # before, which kept only their mean, are not reused for it
@@ -94,7 +94,7 @@ class LLMClient:
     # missing from the cache under its key is looked for under this one, and kept under its key when found
     legacy_identity: str | None = None
     # calls of a run sent before their task ran (flows/head_start.py), taken over by this client's `complete`
-    early: EarlyCalls | None = None
+    head_start_calls: HeadStartCalls | None = None
 
     def cache_key(self, req: LLMRequest) -> str:
         return _call_key(self.model_identity, self.endpoint.model, req)
@@ -122,13 +122,13 @@ class LLMClient:
         future: asyncio.Future[LLMResponse] = loop.create_future()
         _INFLIGHT[slot] = future
         try:
-            # a call sent before its task ran (send_early) is taken over as this one's own call
-            early = self.early.take(slot) if self.early is not None else None
+            # a call sent before its task ran (send_head_start) is taken over as this one's own call
+            sent = self.head_start_calls.take(slot) if self.head_start_calls is not None else None
             # not sent before: an identical call may have been answered already (two questions of a run with the same
             # text and passages); its cached answer now, not after every call queued ahead of this one, which would
             # leave that question's shard, and its vote and evaluation, to the end of the run
-            cached = self._cached(key, req) if early is None else None
-            response = cached or await (early if early is not None else self._call(loop, req, key, rounds_after))
+            cached = self._cached(key, req) if sent is None else None
+            response = cached or await (sent if sent is not None else self._call(loop, req, key, rounds_after))
         except asyncio.CancelledError:
             future.cancel()
             raise
@@ -176,24 +176,26 @@ class LLMClient:
 
         asyncio.run_coroutine_threadsafe(start(), engine_loop())
 
-    def send_early(self, requests: list[LLMRequest], rounds_after: int = 0) -> None:
+    def send_head_start(self, requests: list[LLMRequest], rounds_after: int = 0) -> None:
         """Send these calls now, before the task that makes them runs (flows/head_start.py: while Prefect's server
-        starts), into `self.early`. The first `complete` of the same request by a client with the same `early` takes
-        the answer over and counts it as its own call; an answer nobody takes still lands in the call cache."""
-        assert self.early is not None, "send_early needs the run's EarlyCalls"
-        asyncio.run_coroutine_threadsafe(self._send_early(requests, rounds_after, self.early), engine_loop()).result()
+        starts), into `self.head_start_calls`. The first `complete` of the same request by a client with the same
+        `head_start_calls` takes the answer over and counts it as its own call; an answer nobody takes still lands in
+        the call cache."""
+        calls = self.head_start_calls
+        assert calls is not None, "send_head_start needs the run's HeadStartCalls"
+        asyncio.run_coroutine_threadsafe(self._send_head_start(requests, rounds_after, calls), engine_loop()).result()
 
-    async def _send_early(self, requests: list[LLMRequest], rounds_after: int, early: EarlyCalls) -> None:
+    async def _send_head_start(self, requests: list[LLMRequest], rounds_after: int, calls: HeadStartCalls) -> None:
         loop = asyncio.get_running_loop()
         for req in requests:
             slot = (id(loop), self.cache_key(req))
             if self._legacy_key(req) is not None:  # a call cached under the URL's key is kept under the model's,
                 self._cached(slot[1], req)  # which the model-call process looks up
-            if slot not in early and slot not in _INFLIGHT:
-                early.add(slot, loop.create_task(self._call(loop, req, slot[1], rounds_after)))
+            if slot not in calls and slot not in _INFLIGHT:
+                calls.add(slot, loop.create_task(self._call(loop, req, slot[1], rounds_after)))
 
 
-class EarlyCalls:
+class HeadStartCalls:
     """One run's calls sent before the tasks that make them ran (flows/head_start.py), by (event loop, call key), until
     a task's `complete` takes each over. Touched only on the engine loop."""
 

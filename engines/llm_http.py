@@ -39,8 +39,7 @@ def _shared(ep: Endpoint, logprobs: bool = False) -> tuple[Any, CallGate]:
 def _openai(ep: Endpoint, url: str) -> Any:
     import openai
 
-    # the openai client's aiohttp transport (extra `openai[aiohttp]`), not its default httpx one: measured
-    # 10,000 calls at concurrency 64 against a 100 ms test server, 2.8 ms CPU per request against 4.8 ms
+    # the openai client's aiohttp transport (extra `openai[aiohttp]`), not its default httpx one: less CPU per request
     # (docs/performance.md, P1); at hundreds of requests per second the client's CPU, not the server, bounded a run
     return openai.AsyncOpenAI(base_url=url, api_key=ep.api_key, max_retries=0, timeout=ep.timeout_s,
                               http_client=openai.DefaultAioHttpClient(timeout=ep.timeout_s))
@@ -118,7 +117,7 @@ def _backoff(ep: Endpoint, attempt: int) -> float:
 
 # An endpoint that a call gave up on for a transport failure (refused, reset, timed out: a server that is down
 # or hung, not one answering errors): calls to it in the next `unreachable_for_s` fail at once. Without this each
-# queued call spent its own retries (~30 s of backoff) while holding a concurrency slot, so a run whose embedded
+# queued call spent its own retries and their backoff while holding a concurrency slot, so a run whose embedded
 # server died took many minutes to fail. A later run (a schedule server's next one) tries the endpoint again.
 # endpoint URL -> (when a call gave up on it, its last error, its attempts)
 _UNREACHABLE: dict[str, tuple[float, str, str]] = {}

@@ -81,8 +81,8 @@ class PlanExecution:
         self.generate_url = use.url_for(*(g for rounds in the_plan.generates.values() for g in rounds))
 
     def run_all(self) -> None:
-        if self.run.ahead is not None:  # the schedule is the flow's from here: its head start claims no further stage
-            self.run.ahead.stop()
+        if self.run.head_start is not None:  # the schedule is the flow's from here: its head start claims no further stage
+            self.run.head_start.stop()
         for stage, total in self.plan.stage_totals().items():
             progress.set_total(stage, total)
         for stage in self.plan.first_retrievals():

@@ -6,10 +6,10 @@ it plans the run (flows/prepare.py `plan_run`: the questions sampled, the plan),
 stages in the plan's order (`ExperimentPlan.retrieval_order`) with the retrieve stage's function (tasks/retrieve.py
 `retrieve_rows`); for an endpoint that is already up (OpenAI, a vLLM server, `--base-url`) each part of a shard, once
 retrieved, has its round-1 calls planned by the generate stage (tasks/generate.py `plan_round`) and sent
-(engines/llm.py `EarlyCalls`). It writes nothing: storing stays with the flow's tasks, beside the first calls.
+(engines/llm.py `HeadStartCalls`). It writes nothing: storing stays with the flow's tasks, beside the first calls.
 
 The flow is handed the head start (flows/execute.py): it takes the planned run instead of planning it, and every
-task of the run meets it through `RunContext.ahead` (tasks/stages.py `StartedAhead`): a retrieve task takes and
+task of the run meets it through `RunContext.head_start` (tasks/stages.py `HeadStartView`): a retrieve task takes and
 stores its stage's records, a generate task's client takes the calls sent early over as its own calls.
 
 It stops when the flow starts executing its plan (`stop`), after the stage it is on. With the embedded model (its
@@ -37,7 +37,7 @@ from tracking.store.catalog import segment_exists
 if TYPE_CHECKING:
     import pandas as pd
 
-    from engines.llm import EarlyCalls, LLMClient
+    from engines.llm import HeadStartCalls, LLMClient
     from flows.prepare import PreparedRun
     from tasks.stages import RetrieveStage
 
@@ -56,8 +56,8 @@ class HeadStart:
         "_open",
         "_prepared",
         "_retrievals",
-        "early_calls",
         "first_calls_sent",
+        "head_start_calls",
         "spec",
         "started_at",
         "store_root",
@@ -72,9 +72,9 @@ class HeadStart:
         # set once the first shard's calls are sent (or the head start ended without): `ragledger run` starts
         # Prefect's server and imports Prefect only then, so the first calls do not share 2 cores and the GIL with them
         self.first_calls_sent = threading.Event()
-        # made in the thread, before the run is planned and so before any task can meet it: the client's import
-        # (~40 ms) here would hold back the search engines' start
-        self.early_calls: EarlyCalls
+        # made in the thread, before the run is planned and so before any task can meet it: the client's import here
+        # would hold back the search engines' start
+        self.head_start_calls: HeadStartCalls
         self._prepared: concurrent.futures.Future[PreparedRun] = concurrent.futures.Future()
         # stage key -> the records of a retrieve stage retrieved here, taken once by that stage's task. Claims are taken
         # only until `stop`, so a retrieve task either finds its stage claimed and waits for it, or retrieves it alone
@@ -135,11 +135,11 @@ class HeadStart:
 
                 start_first_call_process()
             first_in_store = self._start_engines_of_a_first_run()
-            from engines.llm import EarlyCalls
+            from engines.llm import HeadStartCalls
             from flows.prepare import plan_run
 
-            self.early_calls = EarlyCalls()
-            prepared = plan_run(self.spec, self.store_root, ahead=self)
+            self.head_start_calls = HeadStartCalls()
+            prepared = plan_run(self.spec, self.store_root, head_start=self)
             persisted = _persisted_check(prepared.run.questions_segment)  # before the flow may store it
             self._prepared.set_result(prepared)
             self._retrieve(prepared, persisted, first_in_store)
@@ -181,7 +181,8 @@ class HeadStart:
         if not first_in_store:
             _start_engines(list(dict.fromkeys(s.retriever for s in stages)))
         rows = pd.DataFrame(question_rows(self.spec, questions)).set_index("qid", drop=False)
-        client = llm_client_for(self.spec, self.url, self.store_root, early=self.early_calls) if self.url else None
+        client = (llm_client_for(self.spec, self.url, self.store_root, head_start_calls=self.head_start_calls)
+                  if self.url else None)
         if client is not None:
             # one model-call process for the first calls, the others once those have left: on 2 cores their
             # imports would share the CPU with the JVM's start and the first retrieval, which the first calls wait for
@@ -221,7 +222,7 @@ def _round_one_sender(prepared: PreparedRun, stage: RetrieveStage, client: LLMCl
             first_round = the_plan.generates[(cell, sid)][0]
             if not persisted(first_round.key):
                 calls = plan_round(run.spec, first_round, run.store_root, questions, retrievals, {})
-                client.send_early([req for *_, req in calls.calls], calls.rounds_after)
+                client.send_head_start([req for *_, req in calls.calls], calls.rounds_after)
         client.start_call_processes()  # the first calls left: the other model-call processes now
 
     return send

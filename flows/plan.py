@@ -96,9 +96,9 @@ class ExperimentPlan:
         return [c for c in self.cells if c.retriever == retriever]
 
     # The retrieval schedule. Each retriever's first shard goes alone, so the model gets work as early as it can
-    # (retrieving every shard at once, the first one finished after ~all of them: 1.5 s of an idle model on the P1
-    # benchmark). Then the model is busy: the other shards are retrieved beside it one after another (all at once,
-    # their search threads took both cores from the model calls for ~2 s), except for a retriever that calls the
+    # (retrieving every shard at once, the first one finished after about all of them, the model idle meanwhile).
+    # Then the model is busy: the other shards are retrieved beside it one after another (all at once, their search
+    # threads took both cores from the model calls; docs/performance.md), except for a retriever that calls the
     # model itself, whose shards fill its concurrency together.
     def first_retrievals(self) -> list[RetrieveStage]:
         return [self.retrieves[(r, self.shards[0].id)] for r in self.spec.retrievers] if self.shards else []

@@ -11,7 +11,7 @@ from core.datasets import Question
 from flows.plan import ExperimentPlan, plan, question_rows
 from schemas.spec import ExperimentSpec
 from tasks.context import retriever_for
-from tasks.stages import RunContext, StartedAhead
+from tasks.stages import HeadStartView, RunContext
 from tracking.store.events import EventStore, new_events
 
 
@@ -21,11 +21,11 @@ class PreparedRun(NamedTuple):
     questions: list[Question]
 
 
-def plan_run(spec: ExperimentSpec, store_root: str, ahead: StartedAhead | None = None) -> PreparedRun:
-    """The run of `spec` in `store_root`, planned; nothing written yet. `ahead`: its head start, which its tasks meet."""
+def plan_run(spec: ExperimentSpec, store_root: str, head_start: HeadStartView | None = None) -> PreparedRun:
+    """The run of `spec` in `store_root`, planned; nothing written yet. `head_start`: its head start, which its tasks meet."""
     questions = spec.dataset.sampled_questions()
     the_plan = plan(spec, questions, store_root=store_root)  # its questions segment named, its corpus hash read
-    return PreparedRun(the_plan, RunContext(spec, store_root, the_plan.questions_segment, uuid.uuid4().hex, ahead),
+    return PreparedRun(the_plan, RunContext(spec, store_root, the_plan.questions_segment, uuid.uuid4().hex, head_start),
                        questions)
 
 

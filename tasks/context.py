@@ -13,7 +13,7 @@ from pathlib import Path
 
 from core.paths import StoreLayout
 from engines.concurrency import process_share
-from engines.llm import EarlyCalls, LLMClient, api_key_from_env
+from engines.llm import HeadStartCalls, LLMClient, api_key_from_env
 from engines.llm_cache import LLMCallCache
 from engines.llm_types import Endpoint, endpoint_identity, model_identity
 from schemas.spec import ExperimentSpec
@@ -45,8 +45,9 @@ def retriever_for(spec: ExperimentSpec, name: str, store_root: str, log=print) -
 
 
 def llm_client_for(spec: ExperimentSpec, base_url: str, store_root: str, logprobs_base_url: str | None = None,
-                   early: EarlyCalls | None = None) -> LLMClient:
-    """The run's model as a client; `early`: the run's calls sent ahead (flows/head_start.py), which it takes over."""
+                   head_start_calls: HeadStartCalls | None = None) -> LLMClient:
+    """The run's model as a client; `head_start_calls`: the calls its head start sent (flows/head_start.py),
+    which it takes over."""
     endpoint = Endpoint(
         base_url=base_url,
         logprobs_base_url=logprobs_base_url,
@@ -58,7 +59,7 @@ def llm_client_for(spec: ExperimentSpec, base_url: str, store_root: str, logprob
         local_server=spec.model.backend == "embedded",
     )
     return LLMClient(endpoint, model_identity(spec.model), cache=_llm_cache(str(StoreLayout.of(store_root).llm_cache)),
-                     legacy_identity=endpoint_identity(spec.model, base_url), early=early)
+                     legacy_identity=endpoint_identity(spec.model, base_url), head_start_calls=head_start_calls)
 
 
 _cache_lock = threading.Lock()

@@ -192,7 +192,7 @@ def run_generate_round(run: RunContext, stage: GenerateStage, base_url: str, ret
     round_plan = plan_round(spec, stage, run.store_root, run.questions(store, stage.qids),
                             store.read("retrievals", paths=[p for p in retrieval_segments if p]), history)
     reader, settings, planned, _ = round_plan
-    client = llm_client_for(spec, base_url, run.store_root, logprobs_base_url, early=run.early_calls)
+    client = llm_client_for(spec, base_url, run.store_root, logprobs_base_url, head_start_calls=run.head_start_calls)
     responses = run_on_engine(complete_all(client, planned, stage, round_plan.rounds_after)) if planned else []
     rows = generation_rows(spec, reader, stage.retriever, stage.round_no, stage.key, planned, responses, client,
                            stage.reader, reader.version_for(settings))

@@ -91,7 +91,7 @@ def run_retrieve(run: RunContext, stage: RetrieveStage, base_url: str = "") -> S
     """The retrieve stage: its records, retrieved now or taken from the run's head start, which retrieved them ahead."""
     spec, store = run.spec, run.store()
     client = None
-    rows = run.ahead.take_retrieval(stage) if run.ahead is not None else None
+    rows = run.head_start.take_retrieval(stage) if run.head_start is not None else None
     if rows is None:
         if retriever_for(spec, stage.retriever, run.store_root).needs_llm:
             client = llm_client_for(spec, base_url, run.store_root)

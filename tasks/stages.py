@@ -27,7 +27,7 @@ from tracking.store.catalog import segment_exists
 from tracking.store.events import EventStore, stable_hash
 
 if TYPE_CHECKING:
-    from engines.llm import EarlyCalls
+    from engines.llm import HeadStartCalls
 
 # the flow version the first key of every chain carries (filter, retrieve): bumping it re-runs every stage
 KEY_VERSION = "1"
@@ -71,11 +71,11 @@ def model_key(spec: ExperimentSpec) -> str:
     return stable_hash(_stage_model_fields(spec))
 
 
-class StartedAhead(Protocol):
+class HeadStartView(Protocol):
     """A run's head start as its stage tasks meet it (flows/head_start.py): the retrievals it made before Prefect was
     up, whose records a retrieve task takes instead of retrieving again, and the model calls it sent ahead."""
 
-    early_calls: EarlyCalls
+    head_start_calls: HeadStartCalls
 
     def take_retrieval(self, stage: RetrieveStage) -> list[dict[str, Any]] | None: ...
 
@@ -94,11 +94,11 @@ class RunContext:
     questions_segment: str
     run_token: str
     # the run's head start (flows/head_start.py), when `ragledger run` began it before Prefect was up; never with Dask
-    ahead: StartedAhead | None = field(default=None, compare=False, repr=False)
+    head_start: HeadStartView | None = field(default=None, compare=False, repr=False)
 
     @property
-    def early_calls(self) -> EarlyCalls | None:
-        return self.ahead.early_calls if self.ahead is not None else None
+    def head_start_calls(self) -> HeadStartCalls | None:
+        return self.head_start.head_start_calls if self.head_start is not None else None
 
     def store(self) -> EventStore:
         return EventStore(self.store_root)

@@ -129,7 +129,7 @@ def test_gold_answers_are_embedded_while_the_calls_are_in_flight(workspace, pref
     assert golds <= embedded, golds - embedded
 
 
-def test_the_head_start_hands_its_stages_and_early_calls_to_the_flow(workspace, prefect_harness, monkeypatch):  # noqa: F811
+def test_the_head_start_hands_its_stages_and_calls_to_the_flow(workspace, prefect_harness, monkeypatch):  # noqa: F811
     """flows/head_start.py, begun by `ragledger run` before Prefect is up: it plans the run, retrieves the plan's
     retrieve stages with the retrieve stage's function and sends their round-1 calls to the endpoint (up already: the
     scripted server). The flow takes the run it planned, its retrieve tasks take and store those records instead of
@@ -164,14 +164,14 @@ def test_the_head_start_hands_its_stages_and_early_calls_to_the_flow(workspace, 
         assert prepared is not None
         stages = len(head._retrievals)
         assert stages == 3 * 2  # 5 questions in shards of 2, for bm25@2 and none
-        early = len(head.early_calls)
+        early = len(head.head_start_calls)
         assert early > 0
         warmed = run_with(spec, head)
-        assert head._retrievals == {} and len(head.early_calls) == 0  # each taken by its own task
+        assert head._retrievals == {} and len(head.head_start_calls) == 0  # each taken by its own task
         assert prepared_by_flow == []  # the flow ran the run its head start planned
         warmed_server_calls = server.calls
         again_head = begun(spec)
-        assert again_head._retrievals == {} and len(again_head.early_calls) == 0  # all persisted: nothing ahead
+        assert again_head._retrievals == {} and len(again_head.head_start_calls) == 0  # all persisted: nothing ahead
         cold = run_flow({**spec, "tracking": {**spec["tracking"], "store": str(workspace / "store-without-head-start")}})
         # the second store has no call cache: every call again, as many as with the head start
         assert server.calls - warmed_server_calls == warmed_server_calls == warmed["llm_calls"] == cold["llm_calls"]
@@ -179,9 +179,9 @@ def test_the_head_start_hands_its_stages_and_early_calls_to_the_flow(workspace, 
         # segment is gone, so the head start retrieves every stage again instead of leaving it all to the flow
         shutil.rmtree(spec["tracking"]["store"])
         head = begun(spec)
-        assert len(head._retrievals) == stages and len(head.early_calls) == early
+        assert len(head._retrievals) == stages and len(head.head_start_calls) == early
         again = run_with(spec, head)
-        assert len(head.early_calls) == 0  # every early call taken over by its generate task
+        assert len(head.head_start_calls) == 0  # every early call taken over by its generate task
         # (this process's model-call process still holds the deleted store's call cache: hits, not calls)
         assert again["llm_calls"] + again["cache_hits"] == cold["llm_calls"] + cold["cache_hits"]
         assert again["cells"] == cold["cells"]

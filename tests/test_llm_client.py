@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from engines import call_processes, concurrency
-from engines.llm import BackendError, EarlyCalls, LLMClient, LLMRequest, run_on_engine
+from engines.llm import BackendError, HeadStartCalls, LLMClient, LLMRequest, run_on_engine
 from engines.llm_cache import LLMCallCache
 from engines.llm_types import Endpoint
 from tests.fakes.openai_server import Faults, ScriptedServer
@@ -502,10 +502,10 @@ def test_a_call_answered_before_does_not_queue_behind_the_calls_in_flight(tmp_pa
         assert line and line[0] == "ready", line
         base_url = f"http://127.0.0.1:{line[1]}"
         c = LLMClient(Endpoint(base_url=f"{base_url}/v1", model="latency", concurrency=64), model_identity="fake",
-                      cache=LLMCallCache(tmp_path / "c.sqlite"), early=EarlyCalls())
+                      cache=LLMCallCache(tmp_path / "c.sqlite"), head_start_calls=HeadStartCalls())
         assert not run_on_engine(c.complete(req("Question: answered before?"))).from_cache
         queued = [req(f"Question: queued {i}?") for i in range(400)]
-        c.send_early(queued)
+        c.send_head_start(queued)
         again = run_on_engine(c.complete(req("Question: answered before?")))
         with urllib.request.urlopen(f"{base_url}/stats", timeout=10) as r:
             answered = json.loads(r.read())["requests"]
@@ -516,7 +516,7 @@ def test_a_call_answered_before_does_not_queue_behind_the_calls_in_flight(tmp_pa
             return await asyncio.gather(*(c.complete(q) for q in queued))
 
         run_on_engine(take_over())
-        assert c.counters.calls == 401 and len(c.early) == 0
+        assert c.counters.calls == 401 and len(c.head_start_calls) == 0
     finally:
         proc.terminate()
         proc.wait(timeout=10)

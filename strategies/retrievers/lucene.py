@@ -136,8 +136,9 @@ class PassageStore:
         self.index_dir, self.unquote_titles = index_dir, unquote_titles
         self._searcher = searcher(index_dir)
         # the passages read last, at most RECENT_PASSAGES (~50 MB): a hit's stored document crosses the JNI bridge as a
-        # proxy object (~8 µs) and is parsed (~7 µs), and questions retrieve the same passages again and again (10,570
-        # SQuAD questions x 10 hits name ~1 in 5 passages twice or more); bounded, so memory does not grow with the corpus
+        # proxy object and is parsed (docs/performance.md, "Small costs behind the code"), and questions retrieve the
+        # same passages again and again (10,570 SQuAD questions x 10 hits name ~1 in 5 passages twice or more);
+        # bounded, so memory does not grow with the corpus
         self._recent: dict[str, tuple[str, str]] = {}
         self._recent_lock = threading.Lock()
 

@@ -23,7 +23,7 @@ COPY_RANK = "row_number() OVER (PARTITION BY qid, event_id ORDER BY created_at, 
 def memory_connection() -> duckdb.DuckDBPyConnection:
     """An in-memory connection that prints nothing: DuckDB's progress bar on a long query goes to stdout, into a
     command's table, CSV or JSON output."""
-    import duckdb  # here: a process that reads no overlapping copies never imports it (~80 ms)
+    import duckdb  # here: a process that reads no overlapping copies never imports it (docs/performance.md)
 
     con = duckdb.connect(":memory:")
     con.execute("SET enable_progress_bar = false")
