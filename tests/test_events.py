@@ -5,7 +5,8 @@ import pytest
 
 from schemas.records import RecordValidationError
 from tracking.store.events import EventStore, event_id, new_events
-from tracking.store.query import connect, outcomes
+from tracking.store.ledger import Ledger
+from tracking.store.query import connect
 
 
 def outcome_rows(n=3, cell="bm25@5 · concatenation · m", start=0):
@@ -27,6 +28,11 @@ def test_write_is_idempotent(tmp_path):
     assert p1 == p2
     assert len(store.segments("outcomes")) == 1
     assert len(store.read("outcomes")) == 3
+
+
+def outcomes(root) -> pd.DataFrame:
+    """Every outcome through the views, in (cell, question) order."""
+    return Ledger(root).sql("SELECT * FROM outcomes ORDER BY cell, qid")
 
 
 def test_overlapping_segments_read_each_event_once(tmp_path):

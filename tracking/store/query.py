@@ -16,7 +16,7 @@ from pathlib import Path
 import duckdb
 import pandas as pd
 
-from schemas.records import RECORD_MODELS, columns_of
+from schemas.records import RECORD_MODELS
 from tracking.store.catalog import reading
 from tracking.store.duck import memory_connection, sql_list
 from tracking.store.events import EventStore
@@ -91,8 +91,3 @@ def query(store_root: str | Path, sql: str, experiment: str | None = None) -> pd
             return con.execute(sql).fetch_df()
         finally:
             con.close()
-
-
-def outcomes(store_root: str | Path, experiment: str | None = None) -> pd.DataFrame:
-    df = query(store_root, "SELECT * FROM outcomes ORDER BY cell, qid", experiment)
-    return df[[c for c in columns_of("outcomes") if c in df.columns]]
