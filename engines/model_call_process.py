@@ -6,9 +6,9 @@ A process whose endpoint allows many requests in flight starts more than one; ea
 endpoint's concurrency (engines/concurrency.py).
 
 Why a process of its own: stage tasks run in threads of the flow's process, and their CPU work (planning prompts,
-validating and writing records, scoring) held the GIL while the event loop's sockets waited. On the P1 benchmark
-(10,000 calls, 64 in flight, 100 ms each) the calls alone took 18 s in one process and 24 s inside the flow; the
-loop got the GIL late, so its 64 slots sat answered but unread. In its own process the loop's only work is the calls.
+validating and writing records, scoring) held the GIL while the event loop's sockets waited: the loop got the GIL
+late, so its slots sat answered but unread (docs/performance.md, "Small costs behind the code"). In its own process
+the loop's only work is the calls.
 
 Protocol (both ends ragledger's own): length-prefixed pickles. Parent -> child: ("call", id, Endpoint, LLMRequest,
 cache key, cache path or None, unreachable_for_s, rounds_after) and ("close", base_url). Child -> parent: (id, True,
