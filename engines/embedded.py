@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 
 from core.processes import die_with_parent, stop_child
-from engines.models import ensure_model
+from engines.models import bundled_model, ensure_model
 
 
 class EmbeddedServerError(RuntimeError):
@@ -60,8 +60,9 @@ def embedded_server(
             "the embedded backend needs llama-cpp-python[server]; run `bash infra/setup.sh` (README, command 1)"
         )
     model_path = ensure_model(model_name, log=log)
+    served = bundled_model(model_name).call_name  # what the run's calls ask for (engines.llm_types.served_name)
     port = _free_port()
-    cmd = _server_command(model_path, model_name, port, context_window, logits_all)
+    cmd = _server_command(model_path, served, port, context_window, logits_all)
     log_dir = log_dir or Path(".ragledger/logs")
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"embedded-server-{port}.log"
@@ -73,7 +74,7 @@ def embedded_server(
         base_url = f"http://127.0.0.1:{port}/v1"
         try:
             _wait_until_ready(proc, base_url, log_path)
-            _first_completion(base_url, model_name, proc, log_path)
+            _first_completion(base_url, served, proc, log_path)
             _SERVER_LOGS[base_url] = (log_path, log_path.stat().st_size)  # what the run's calls evaluate starts here
             try:
                 yield base_url
@@ -89,11 +90,11 @@ def embedded_server(
             stop_child(proc, grace_s=15)
 
 
-def _server_command(model_path: Path, model_name: str, port: int, context_window: int, logits_all: bool) -> list[str]:
+def _server_command(model_path: Path, served: str, port: int, context_window: int, logits_all: bool) -> list[str]:
     return [
         sys.executable, "-m", "engines.llama_server",  # llama-cpp-python's server, prefix reuse batch-aligned
         "--model", str(model_path),
-        "--model_alias", model_name,
+        "--model_alias", served,
         "--host", "127.0.0.1",
         "--port", str(port),
         "--n_ctx", str(context_window),

@@ -4,7 +4,7 @@ llama-cpp-python keeps the previous request's tokens in the KV cache and evaluat
 that differs (`Llama.generate`). On the CPU the logits then depend on where that part starts: llama.cpp evaluates a
 prompt in batches, and its matrix kernels group a batch's rows by the batch's size, so the same token computed in a
 batch of 37 rows or of 512 rows differs in the last bits, and greedy near-ties flip. Measured on
-qwen2.5-1.5b-instruct-q4km: last-token logits off by up to 0.59 from a fresh evaluation of the same prompt. A run's
+qwen2.5-coder-1.5b-instruct-q4km: last-token logits off by up to 0.59 from a fresh evaluation of the same prompt. A run's
 outcomes then depend on the order its calls reached the server (known upstream: llama.cpp issue #28368 "cache_prompt
 reuse changes computed logprobs", ollama issue #16860).
 

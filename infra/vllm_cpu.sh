@@ -15,7 +15,7 @@
 # about a minute on 2 cores.
 #
 # Settings (environment): VLLM_CPU_PORT (8011), VLLM_CPU_MAX_LEN (context length, 4096), VLLM_CPU_MAX_SEQS (4),
-# VLLM_CPU_SERVED_NAME (qwen2.5-0.5b-instruct), VLLM_CPU_KVCACHE_SPACE (GiB of KV cache, 1), VLLM_CPU_DTYPE (float32).
+# VLLM_CPU_SERVED_NAME (qwen2.5-coder-0.5b-instruct-awq), VLLM_CPU_KVCACHE_SPACE (GiB of KV cache, 1), VLLM_CPU_DTYPE (float32).
 # torch 2.13.0+cpu is PyTorch's CPU build: pip finds it where this workplace's pip configuration points; elsewhere,
 # add PyTorch's CPU wheel index with PIP_EXTRA_INDEX_URL.
 set -euo pipefail
@@ -25,7 +25,7 @@ LOCK=infra/vllm_cpu.lock.txt
 CACHE="${RAGLEDGER_HOME:-$HOME/.cache/ragledger}"
 VDIR="$CACHE/vllm-cpu-$VLLM_CPU_VERSION"
 VENV="$VDIR/venv"
-EMBEDDED_MODEL=qwen2.5-0.5b-instruct-q4km
+EMBEDDED_MODEL=qwen2.5-coder-0.5b-instruct-awq-q4km
 GGUF="$CACHE/models/$EMBEDDED_MODEL.gguf"
 MODEL_DIR="$CACHE/models/$EMBEDDED_MODEL-hf"
 PY="${PYTHON:-python3.11}"
@@ -82,13 +82,13 @@ serve() {
   # build cannot load its own torch.compile cache ("'function' object has no attribute 'finalize_loading'"), so every
   # start compiled again (80-270 s on 2 cores); eager mode served the same tokens at the same rate (4 streams of
   # 100 greedy tokens: 6.8 tokens/s either way) and starts in about a minute.
-  echo "== serving $MODEL_DIR as ${VLLM_CPU_SERVED_NAME:-qwen2.5-0.5b-instruct} on 127.0.0.1:${VLLM_CPU_PORT:-8011}"
+  echo "== serving $MODEL_DIR as ${VLLM_CPU_SERVED_NAME:-qwen2.5-coder-0.5b-instruct-awq} on 127.0.0.1:${VLLM_CPU_PORT:-8011}"
   export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}" VLLM_CPU_NUM_OF_RESERVED_CPU="${VLLM_CPU_NUM_OF_RESERVED_CPU:-0}"
   # `python -m ...api_server`, not the `vllm` command: the CPU build's distribution is named vllm-cpu, and the
   # command's --version lookup of "vllm" fails before anything is served
   exec "$VENV/bin/python" -m vllm.entrypoints.openai.api_server \
     --model "$MODEL_DIR" \
-    --served-model-name "${VLLM_CPU_SERVED_NAME:-qwen2.5-0.5b-instruct}" \
+    --served-model-name "${VLLM_CPU_SERVED_NAME:-qwen2.5-coder-0.5b-instruct-awq}" \
     --host 127.0.0.1 --port "${VLLM_CPU_PORT:-8011}" \
     --max-model-len "${VLLM_CPU_MAX_LEN:-4096}" \
     --max-num-seqs "${VLLM_CPU_MAX_SEQS:-4}" \

@@ -87,6 +87,10 @@ def preflight(spec: AnySpec) -> None:
         from engines.llm import api_key_from_env
 
         api_key_from_env(spec.model.api_key_env)
+    else:
+        from engines.models import bundled_model
+
+        bundled_model(spec.model.embedded_model)  # a former name is told the current one (ModelFetchError)
     if not spec.tracking.mlflow_uri:  # the URI the run would use instead (the spec's own is checked with the spec)
         import os
 

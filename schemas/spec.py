@@ -10,6 +10,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from engines.models import DEFAULT_MODEL
+
 
 class SpecError(ValueError):
     """The spec file is malformed or has an invalid field; the message names file and field."""
@@ -87,7 +89,7 @@ class ModelSpec(_Strict):
     name: str = Field("embedded", description="'embedded' or the model name the endpoint serves")
     backend: Literal["embedded", "openai"] = Field("embedded", description="the bundled llama.cpp model started by "
                                                    "the run, or an OpenAI-compatible endpoint (vLLM, OpenAI)")
-    embedded_model: str = Field("qwen2.5-0.5b-instruct-q4km", description="bundled GGUF when backend=embedded")
+    embedded_model: str = Field(DEFAULT_MODEL, description="bundled GGUF when backend=embedded")
     base_url: str | None = Field(None, description="OpenAI-compatible endpoint (vLLM, OpenAI, ...)")
     api_key_env: str | None = Field(None, description="name of the env var holding the API key (never the key)")
     temperature: float = Field(0.0, ge=0, le=2, description="sampling temperature of every call (0: greedy); "

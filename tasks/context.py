@@ -15,7 +15,7 @@ from core.paths import StoreLayout
 from engines.concurrency import process_share
 from engines.llm import HeadStartCalls, LLMClient, api_key_from_env
 from engines.llm_cache import LLMCallCache
-from engines.llm_types import Endpoint, endpoint_identity, model_identity
+from engines.llm_types import Endpoint, endpoint_identity, model_identity, served_name
 from schemas.spec import ExperimentSpec
 from strategies.retrievers import Corpus, Retriever, parse_retriever
 from tasks.stages import StageResult as StageResult  # results Prefect persisted name it tasks.context.StageResult
@@ -51,7 +51,7 @@ def llm_client_for(spec: ExperimentSpec, base_url: str, store_root: str, logprob
     endpoint = Endpoint(
         base_url=base_url,
         logprobs_base_url=logprobs_base_url,
-        model=spec.model.embedded_model if spec.model.backend == "embedded" else spec.model.name,
+        model=served_name(spec.model),
         api_key=api_key_from_env(spec.model.api_key_env) if spec.model.backend == "openai" else "not-needed",
         concurrency=process_share(spec.model.concurrency),  # engines/concurrency.py
         timeout_s=spec.model.timeout_s,

@@ -123,7 +123,7 @@ def _no_leaked_mlflow_uri():
         os.environ["MLFLOW_TRACKING_URI"] = before
 
 
-EMBEDDED_MODEL = "qwen2.5-0.5b-instruct-q4km"
+EMBEDDED_MODEL = "qwen2.5-coder-0.5b-instruct-awq-q4km"
 
 
 @pytest.fixture(scope="session")

@@ -125,7 +125,7 @@ def test_refeed_log_probabilities_come_from_the_real_embedded_model(tmp_path):
         "dataset: {name: squad, path: squad/dev-v1.1.json.gz, limit: 1, seed: 0}\n"
         "retrievers: [bm25@3]\n"
         "readers: [concatenation, {name: refeed, feedback_k: 3}]\n"
-        "model: {backend: embedded, embedded_model: qwen2.5-0.5b-instruct-q4km, max_tokens: 16, concurrency: 1}\n"
+        "model: {backend: embedded, embedded_model: qwen2.5-coder-0.5b-instruct-awq-q4km, max_tokens: 16, concurrency: 1}\n"
         "execution: {shard_size: 1}\n"
     )
     out = run_cli(tmp_path, "run", str(spec), "--json", "run.json")

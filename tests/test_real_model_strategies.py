@@ -20,7 +20,7 @@ from tests.test_integration_embedded import run_cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]  # the model is ~2-3x slower on AVX2 CPUs
 
-MODEL = {"backend": "embedded", "embedded_model": "qwen2.5-0.5b-instruct-q4km", "max_tokens": 24, "concurrency": 1}
+MODEL = {"backend": "embedded", "embedded_model": "qwen2.5-coder-0.5b-instruct-awq-q4km", "max_tokens": 24, "concurrency": 1}
 
 # reader entry -> the roles of the model calls it must have made (each question: a reader may skip a later round,
 # e.g. SuRe when the model gives fewer than two candidates, so only the first round is required)

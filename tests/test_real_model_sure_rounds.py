@@ -19,7 +19,7 @@ import pytest
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]  # the model is ~2-3x slower on AVX2 CPUs
 
-MODEL = "qwen2.5-0.5b-instruct-q4km"
+MODEL = "qwen2.5-coder-0.5b-instruct-awq-q4km"
 
 
 def _items(data_dir, questions: int) -> list[tuple[object, str, str]]:

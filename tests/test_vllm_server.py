@@ -49,7 +49,7 @@ from tests.servers import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 RAGLEDGER = str(Path(sys.executable).parent / "ragledger")
-SERVED = "qwen2.5-0.5b-instruct"
+SERVED = "qwen2.5-coder-0.5b-instruct-awq"
 MAX_LEN = 2048  # small, so that a prompt over it is cheap to build (bm25@20) and refused at once
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(1800)]  # the server starts in ~1 min

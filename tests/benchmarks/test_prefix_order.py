@@ -41,7 +41,7 @@ RAGLEDGER = str(Path(sys.executable).with_name("ragledger"))
 LIMIT = int(os.environ.get("RAGLEDGER_BENCH_PREFIX_QUESTIONS", "4"))
 SHARD_SIZE = int(os.environ.get("RAGLEDGER_BENCH_PREFIX_SHARD", "1"))  # one question per shard: shards interleave
 # the 1.5B model: the 0.5B one writes a single SuRe candidate, so SuRe's rounds 2-3 (most of the shared prefixes) never run
-MODEL = os.environ.get("RAGLEDGER_BENCH_PREFIX_MODEL", "qwen2.5-1.5b-instruct-q4km")
+MODEL = os.environ.get("RAGLEDGER_BENCH_PREFIX_MODEL", "qwen2.5-coder-1.5b-instruct-q4km")
 
 
 def _spec() -> dict:

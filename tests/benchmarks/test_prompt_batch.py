@@ -9,7 +9,7 @@ of one question do) are evaluated with llama.cpp's Python bindings, in one proce
 
     .venv/bin/python -m pytest tests/benchmarks/test_prompt_batch.py --benchmark-only -p no:cacheprovider -s
 
-RAGLEDGER_BENCH_BATCH_MODEL names the model (default: the 0.5B one; the 1.5B one is qwen2.5-1.5b-instruct-q4km).
+RAGLEDGER_BENCH_BATCH_MODEL names the model (default: the 0.5B one; the 1.5B one is qwen2.5-coder-1.5b-instruct-q4km).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-MODEL = os.environ.get("RAGLEDGER_BENCH_BATCH_MODEL", "qwen2.5-0.5b-instruct-q4km")
+MODEL = os.environ.get("RAGLEDGER_BENCH_BATCH_MODEL", "qwen2.5-coder-0.5b-instruct-awq-q4km")
 
 # run in a fresh process per batch size: one llama.cpp context each, nothing else loaded
 SCRIPT = r"""

@@ -12,7 +12,7 @@ from typing import Any
 
 from core.paths import REPO_ROOT
 from core.secrets import redact_url
-from engines.llm_types import model_identity
+from engines.llm_types import bundled_model_tags, model_identity
 from tracking.mlflow.log import MlflowLogger
 from tracking.store.catalog import segment_exists
 
@@ -99,6 +99,7 @@ class ExecutionViews:
             identity = self._prepared("model identity", lambda: model_identity(spec.model))
             if identity:
                 tags["ragledger.model_identity"] = identity
+            tags.update(bundled_model_tags(spec.model))
             q = self.questions()
             digest = self._prepared("dataset hash", lambda: questions_digest(q)) if q is not None and len(q) else None
             if digest:
