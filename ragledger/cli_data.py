@@ -168,7 +168,7 @@ def store_compact(
 def models_list() -> None:
     """List the bundled models: what each file is (the published model, its quantisations, its own GGUF metadata),
     where it comes from, and whether it is installed."""
-    from engines.gguf_metadata import FILE_TYPES, GGUFError, read_identity
+    from engines.gguf_metadata import GGUFError, read_identity
     from engines.models import BUNDLED_MODELS, DEFAULT_MODEL
 
     for m in BUNDLED_MODELS.values():
@@ -176,7 +176,7 @@ def models_list() -> None:
         default = " (default)" if m.name == DEFAULT_MODEL else ""
         console.print(f"[bold]{m.name}[/]{default}  {m.size / 2**20:.0f} MiB  "
                       f"{'installed' if installed else 'not installed'}", highlight=False)
-        gguf = f"general.name {m.gguf_name!r}, {FILE_TYPES.get(m.gguf_file_type)}"
+        gguf = f"general.name {m.gguf.name!r}, {m.gguf.quantisation}"
         if installed is not None:
             try:
                 found = read_identity(installed)

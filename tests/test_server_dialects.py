@@ -1,7 +1,7 @@
 """What vLLM and llama.cpp answer differently to the same request, replayed from their real answers.
 
 The bodies below were recorded from vLLM 0.32.0 (the CPU build, infra/vllm_cpu.sh) and llama-cpp-python 0.3.36's
-server, both serving the embedded Qwen2.5-0.5B model with a 2,048-token context; tests/test_vllm_server.py sends
+server, both serving the embedded Qwen2.5-Coder-0.5B model with a 2,048-token context; tests/test_vllm_server.py sends
 ragledger's requests to the real vLLM server. These run in seconds, through the real client and its model-call
 process: a prompt over the context is a ContextOverflow however the server words it, and an answer's token
 log-probabilities are its own tokens on both (vLLM also lists the end-of-turn token).
