@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from core.hashing import stable_hash
 
@@ -54,6 +55,16 @@ class StoreLayout:
 
     root: Path
 
+    # the names at the top of a store besides one folder per record kind and the catalogs' folder
+    # (tracking/store/identity.py tells a store from another folder by them)
+    RUNS: ClassVar[str] = "runs"
+    PROJECTIONS: ClassVar[str] = "projections"
+    MLFLOW_PENDING: ClassVar[str] = "mlflow-pending"
+    ANALYSIS: ClassVar[str] = "analysis"
+    PULLS: ClassVar[str] = ".pull"  # a pull's downloads before they move in, and its locks (tracking/mlflow/pull.py)
+    LLM_CACHE: ClassVar[str] = "llm_cache.sqlite"
+    TOP_LEVEL: ClassVar[tuple[str, ...]] = (RUNS, PROJECTIONS, MLFLOW_PENDING, ANALYSIS, PULLS, LLM_CACHE)
+
     @classmethod
     def of(cls, root: str | Path) -> StoreLayout:
         return cls(Path(root))
@@ -68,7 +79,7 @@ class StoreLayout:
 
     def runs(self, experiment: str) -> Path:
         """Run manifests and the run's analysis files (recall curve, readers table)."""
-        return self.root / "runs" / experiment
+        return self.root / self.RUNS / experiment
 
     def manifest(self, experiment: str, stamp: str, run_token: str) -> Path:
         return self.runs(experiment) / f"{stamp}-{run_token[:8]}.json"
@@ -85,9 +96,13 @@ class StoreLayout:
     def readers_table_dir(self, experiment: str, tag: str) -> Path:
         return self.runs(experiment) / f"readers-{tag}"
 
+    def analysis(self, experiment: str) -> Path:
+        """`ragledger analyze` output when no --out is given."""
+        return self.root / self.ANALYSIS / experiment
+
     @property
     def projections(self) -> Path:
-        return self.root / "projections"
+        return self.root / self.PROJECTIONS
 
     @property
     def metrics_projection(self) -> Path:
@@ -97,10 +112,10 @@ class StoreLayout:
     @property
     def llm_cache(self) -> Path:
         """The LLM-call cache (resolved: one connection per file per process)."""
-        return self.root.resolve() / "llm_cache.sqlite"
+        return self.root.resolve() / self.LLM_CACHE
 
     def mlflow_pending(self, experiment: str) -> Path:
-        return self.root / "mlflow-pending" / experiment
+        return self.root / self.MLFLOW_PENDING / experiment
 
     @property
     def indexes(self) -> Path:

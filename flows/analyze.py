@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 from prefect import flow
 
+from core.paths import StoreLayout
 from tracking.analysis import inconsistency as an
 from tracking.analysis.inconsistency import AnalysisResult
 from tracking.analysis.stats import compare_arrays
@@ -175,7 +176,7 @@ def run_analysis(store_root: str | Path, experiment: str, out_dir: str | Path | 
     outcomes = ledger.outcomes(experiment, execution)
     outcomes = outcomes[~ensemble_rows(outcomes)]
     res = compute(outcomes, experiment, metric, n_resamples, seed)
-    base = Path(out_dir) if out_dir else Path(store_root) / "analysis" / experiment
+    base = Path(out_dir) if out_dir else StoreLayout.of(store_root).analysis(experiment)
     files = write_outputs(res, base, store_root, report=False)
     if across:
         files += _write_across(res, store_root, [experiment, *across], metric, base)

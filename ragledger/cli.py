@@ -134,6 +134,9 @@ def _checked_run(spec_path: Path, store: str | None, base_url: str | None, json_
     from schemas.spec import load_spec, with_overrides
 
     spec = with_overrides(load_spec(spec_path), limit=limit, embedded=embedded, corpus=corpus, source=str(spec_path))
+    # every place the run writes (store, call cache, MLflow, Prefect home, logs, indexes, --json), before the inputs
+    # are read: a mistyped store is named before a large corpus is read for its hash
+    check_run_locations(spec, store or spec.tracking.store, "--store" if store else "tracking.store", Path.cwd(), json_out)
     preflight(spec)
     if runner not in (None, "thread", "dask"):
         raise usage_error(f"--runner: unknown runner {runner!r} (thread, dask)")
@@ -143,8 +146,6 @@ def _checked_run(spec_path: Path, store: str | None, base_url: str | None, json_
         raise usage_error("--workers must be a positive integer")
     refuse_credentials(base_url, "--base-url", "put the API key in an environment variable and name it in "
                        "model.api_key_env")
-    # and every place the run writes: store, call cache, MLflow, Prefect home, logs, indexes, --json
-    check_run_locations(spec, store or spec.tracking.store, "--store" if store else "tracking.store", Path.cwd(), json_out)
     return spec, "dask" if scheduler else runner
 
 

@@ -17,8 +17,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ragledger.cli_common import DEFAULT_STORE, console, err, fail
-from ragledger.cli_share import MlflowPullOpt, pull_if_missing
+from ragledger.cli_common import DEFAULT_STORE, checked_store, console, err, fail
+from ragledger.cli_share import MlflowPullOpt, open_store
 
 FORMATS = ("table", "csv", "json", "parquet")
 ERROR_TYPE_HELP = "correct, lucky_guess, retrieval_failure, extraction_error, hallucination_error or abstention"
@@ -80,13 +80,11 @@ def query_cmd(
     mlflow_uri: MlflowPullOpt = None,
 ) -> None:
     """Run SQL (DuckDB) over the event store's views."""
-    pull_if_missing(experiment, store, mlflow_uri)
+    open_store(store, experiment, mlflow_uri)
     import duckdb
 
     from tracking.store.ledger import Ledger
 
-    if not Path(store).is_dir():
-        fail(f"--store {store}: no such directory")
     try:
         df = Ledger(store).sql(sql, experiment)
     except duckdb.Error as exc:
@@ -105,7 +103,7 @@ def errors_cmd(
     mlflow_uri: MlflowPullOpt = None,
 ) -> None:
     """Per-example error breakdown of an experiment's latest execution (seed 002's error types)."""
-    pull_if_missing(experiment, store, mlflow_uri)
+    open_store(store, experiment, mlflow_uri)
     from core.cell import resolve_cell
     from schemas.records import ERROR_TYPES
     from tracking.store.ledger import Ledger
@@ -144,7 +142,7 @@ def flips_cmd(
     mlflow_uri: MlflowPullOpt = None,
 ) -> None:
     """Paired comparison of two cells: flip table, exact McNemar p, paired-bootstrap CI of ΔEM, flipped questions."""
-    pull_if_missing(experiment, store, mlflow_uri)
+    open_store(store, experiment, mlflow_uri)
     from core.cell import resolve_cell
     from tracking.analysis.inconsistency import AnalysisError
     from tracking.analysis.stats import compare_cells, flipped_questions
@@ -194,7 +192,7 @@ def hardest_cmd(
     mlflow_uri: MlflowPullOpt = None,
 ) -> None:
     """Questions every cell of the latest execution gets wrong (EM), with each cell's error type."""
-    pull_if_missing(experiment, store, mlflow_uri)
+    open_store(store, experiment, mlflow_uri)
     from tracking.store.ledger import Ledger, LedgerError, ensemble_rows
 
     ledger = Ledger(store)
@@ -232,7 +230,7 @@ def analyze_cmd(
     mlflow_uri: MlflowPullOpt = None,
 ) -> None:
     """Run the analysis flow: RWR/MRLR, error decomposition, statistics, EoR; plots + tables + report to MLflow."""
-    pull_if_missing(experiment, store, mlflow_uri)
+    open_store(store, experiment, mlflow_uri)
     from ragledger.prefect_env import configure_prefect_home
 
     configure_prefect_home(Path.cwd())
@@ -242,8 +240,6 @@ def analyze_cmd(
 
     if eor_pooling not in POOLING_CHOICES:
         fail(f"--eor-pooling must be one of {', '.join(POOLING_CHOICES)}, got {eor_pooling!r}")
-    if not Path(store).is_dir():
-        fail(f"--store {store}: no such directory")
     try:
         r = analyze_flow(store, experiment, str(out) if out else None, metric, eor, mlflow, eor_train, eor_pooling,
                          tuple(across or ()))
@@ -261,7 +257,7 @@ def trace_cmd(
     mlflow_uri: MlflowPullOpt = None,
 ) -> None:
     """Lineage of one question: passages, every generation (role, prompt, raw output), the vote, the outcome."""
-    pull_if_missing(experiment, store, mlflow_uri)
+    open_store(store, experiment, mlflow_uri)
     from ragledger.trace import render_trace
 
     try:
@@ -283,8 +279,7 @@ def across_cmd(
     from tracking.analysis.across import accuracy_across
     from tracking.store.ledger import LedgerError
 
-    if not Path(store).is_dir():
-        fail(f"--store {store}: no such directory")
+    checked_store(store)
     if plot is not None and not plot.parent.is_dir():
         fail(f"--plot {plot}: no such directory {plot.parent}")
     try:

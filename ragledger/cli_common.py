@@ -34,6 +34,17 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
+def checked_store(store: str, creating: bool = False) -> None:
+    """`--store` must be a ragledger store, or, for a command that makes one (`creating`), a new or empty folder:
+    asked before the command reads or writes anything, one error line naming the folder otherwise."""
+    from tracking.store.identity import NotAStoreError, require_store
+
+    try:
+        require_store(store, "--store", creating)
+    except NotAStoreError as exc:
+        fail(str(exc))
+
+
 def user_errors() -> tuple[type[BaseException], ...]:
     """The errors the user or the machine must fix: their message names the culprit (exit 2, no traceback)."""
     from core.datasets import DatasetError
@@ -46,9 +57,10 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from schemas.errors import RecordValidationError
     from schemas.spec import SpecError
     from tracking.mlflow.sync import MlflowLoggingPending
+    from tracking.store.identity import NotAStoreError
 
     return (SpecError, DatasetError, BackendError, EmbeddedServerError, ModelFetchError, RecordValidationError,
-            LocationError, CredentialsInURL, StoreFullError, MlflowLoggingPending)
+            LocationError, CredentialsInURL, StoreFullError, MlflowLoggingPending, NotAStoreError)
 
 
 def usage_error(message: str) -> BaseException:

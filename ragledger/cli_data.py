@@ -12,7 +12,17 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from ragledger.cli_common import CORPUS_HELP, DEFAULT_STORE, INDEXES_HELP, console, err, fail, stage_progress, user_errors
+from ragledger.cli_common import (
+    CORPUS_HELP,
+    DEFAULT_STORE,
+    INDEXES_HELP,
+    checked_store,
+    console,
+    err,
+    fail,
+    stage_progress,
+    user_errors,
+)
 
 
 def fmt(v: object) -> str:
@@ -125,6 +135,7 @@ def store_verify(store: Annotated[str, typer.Option(help="event store directory"
 
     from tracking.store.events import EventStore
 
+    checked_store(store)
     checked, problems = EventStore(store).verify()
     for p in problems:
         err.print(f"[red]BAD[/] {escape(str(p.path.resolve()))}: {escape(p.problem)}", highlight=False)
@@ -144,8 +155,7 @@ def store_compact(
     from tracking.store.compaction import compact_store, record_files
     from tracking.store.events import EventStore
 
-    if not Path(store).is_dir():
-        fail(f"--store {store}: no such directory")
+    checked_store(store)
     events = EventStore(store)
     known = {e for kind in ("questions", "outcomes", "generations", "retrievals", "votes") for e in events.experiments(kind)}
     unknown = sorted(set(experiment or ()) - known)

@@ -7,14 +7,13 @@ They read the event store only (tracking/analysis/history.py); none calls a mode
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.markup import escape
 
 from ragledger.cli_analysis import FormatOpt, OutputOpt, StoreOpt, emit
-from ragledger.cli_common import DEFAULT_STORE, console, fail
+from ragledger.cli_common import DEFAULT_STORE, checked_store, console, fail
 
 ExperimentsOpt = Annotated[list[str] | None, typer.Option(
     "--experiment", "-e", help="only experiments matching this name or shell pattern (`nq-*`); repeat for more. Only "
@@ -24,8 +23,7 @@ ExperimentsOpt = Annotated[list[str] | None, typer.Option(
 def _experiments(store: str, patterns: list[str] | None) -> list[str]:
     from tracking.store.ledger import Ledger
 
-    if not Path(store).is_dir():
-        fail(f"--store {store}: no such directory")
+    checked_store(store)
     names = Ledger(store).experiments(patterns)
     if not names:
         fail(f"no experiment with outcomes in {store}" + (f" matches {', '.join(patterns)}" if patterns else ""))
@@ -91,8 +89,7 @@ def diff_cmd(
     from tracking.analysis.history import execution_diff
     from tracking.store.ledger import LedgerError
 
-    if not Path(store).is_dir():
-        fail(f"--store {store}: no such directory")
+    checked_store(store)
     try:
         summary, flips, (a, b) = execution_diff(store, experiment, before, after)
     except LedgerError as exc:

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from ragledger.cli_common import DEFAULT_STORE, console, fail, preflight, usage_error, user_errors
+from ragledger.cli_common import DEFAULT_STORE, checked_store, console, fail, preflight, usage_error, user_errors
 
 server_app = typer.Typer(help="The long-running local Prefect server (schedules, flow-run history, Prefect UI).",
                          no_args_is_help=True)
@@ -206,8 +206,7 @@ def sync(
     """Log to MLflow the executions whose MLflow logging is pending (MLflow was down), each exactly once."""
     from tracking.mlflow import sync as mlflow_sync
 
-    if not Path(store).is_dir():
-        fail(f"--store: {Path(store).resolve()}: no event store there")
+    checked_store(store)
     before = len(mlflow_sync.pending_markers(store))
     result = mlflow_sync.sync(store, tracking_uri, everything=all_executions, log=lambda e: console.print(
         f"logged {e['experiment']} execution {e['execution']} to MLflow {e['tracking_uri']}: parent run {e['parent']}, "

@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from ragledger.cli_common import DEFAULT_STORE, console, err, fail
+from ragledger.cli_common import DEFAULT_STORE, checked_store, console, err, fail
 
 StoreOpt = Annotated[str, typer.Option("--store", help="event store directory (its call cache is llm_cache.sqlite in it)")]
 MlflowUriOpt = Annotated[str | None, typer.Option(
@@ -26,9 +26,12 @@ MlflowPullOpt = Annotated[str | None, typer.Option(
     help="pull the experiment from this MLflow first when the store lacks it (ragledger pull)")]
 
 
-def pull_if_missing(experiment: str | None, store: str, mlflow_uri: str | None) -> None:
-    """Bring `experiment` from MLflow into `store` when the store lacks it (tracking.mlflow.pull.ensure_local); what
-    it did goes to stderr, so a command's CSV or JSON on stdout stays clean; a failed pull is one error line."""
+def open_store(store: str, experiment: str | None = None, mlflow_uri: str | None = None) -> None:
+    """`store` checked (a ragledger store; a new or empty folder too when `experiment` may be pulled into it from the
+    MLflow at `mlflow_uri`), then `experiment` brought from MLflow when the store lacks it
+    (tracking.mlflow.pull.ensure_local); what it did goes to stderr, so a command's CSV or JSON on stdout stays clean;
+    a failed check or pull is one error line."""
+    checked_store(store, creating=bool(experiment and mlflow_uri))
     if not experiment:
         return
     from tracking.mlflow.pull import PullError, ensure_local
@@ -54,6 +57,7 @@ def pull_cmd(
     from tracking.mlflow.log import default_tracking_uri
     from tracking.mlflow.pull import PullError, pull
 
+    checked_store(store, creating=True)
     uri = mlflow_uri or default_tracking_uri()
     try:
         r = pull(experiment, store, uri, log=lambda line: console.print(escape(line), highlight=False))
@@ -81,6 +85,7 @@ def cache_export(
     from tracking.store import callpack
     from tracking.store.events import EventStore
 
+    checked_store(store)
     cache_file = callpack.cache_path(store)
     if not cache_file.is_file():
         fail(f"--store {store}: no call cache ({cache_file} does not exist)")
@@ -113,6 +118,7 @@ def cache_import(
     from engines.llm_cache import LLMCallCache
     from tracking.store import callpack
 
+    checked_store(store, creating=True)
     try:
         pack = callpack.read(file)
         os.makedirs(store, exist_ok=True)

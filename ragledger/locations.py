@@ -139,5 +139,10 @@ def run_locations(spec: AnySpec, store_root: str, store_what: str, workdir: Path
 
 def check_run_locations(spec: AnySpec, store_root: str, store_what: str, workdir: Path,
                         json_out: Path | None = None) -> None:
+    """Every place the run writes can be written, and its store is a store or a new or empty folder
+    (tracking/store/identity.py: NotAStoreError otherwise)."""
+    from tracking.store.identity import require_store
+
     for loc in run_locations(spec, store_root, store_what, workdir, json_out):
         check_location(loc)
+    require_store(store_root, store_what, creating=True)

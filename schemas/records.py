@@ -15,6 +15,7 @@ import pandera.pandas as pa
 from pandera.typing import Series
 
 from schemas.errors import RecordValidationError
+from schemas.kinds import RECORD_KINDS
 
 SCHEMA_VERSION = 1
 
@@ -147,13 +148,8 @@ class OutcomeRecord(EventColumns):
     llm_calls: Series[int] = pa.Field(ge=0)
 
 
-RECORD_MODELS: dict[str, type[EventColumns]] = {
-    "questions": QuestionRecord,
-    "retrievals": RetrievalRecord,
-    "generations": GenerationRecord,
-    "votes": VoteRecord,
-    "outcomes": OutcomeRecord,
-}
+RECORD_MODELS: dict[str, type[EventColumns]] = dict(
+    zip(RECORD_KINDS, (QuestionRecord, RetrievalRecord, GenerationRecord, VoteRecord, OutcomeRecord), strict=True))
 
 
 # a column's earlier name -> its name now: a segment may hold the reader column as `strategy`. Segments are never

@@ -127,4 +127,8 @@ def test_cache_export_of_one_experiment_then_import_elsewhere(tmp_path, app):
     assert "3 added" in imported.output
     assert LLMCallCache(tmp_path / "b" / "llm_cache.sqlite").get(key(1)) == response(1)
     missing = runner.invoke(app, ["cache", "export", str(tmp_path / "x.jsonl.gz"), "--store", str(tmp_path / "none")])
-    assert missing.exit_code == 2 and missing.output.startswith("error:") and "no call cache" in missing.output
+    assert missing.exit_code == 2 and missing.output.startswith("error:") and "no such directory" in missing.output
+    records_only = tmp_path / "c"  # a store whose run made no model call
+    EventStore(records_only).write("generations", new_events("generations", "exp", generation_rows(1)))
+    uncached = runner.invoke(app, ["cache", "export", str(tmp_path / "x.jsonl.gz"), "--store", str(records_only)])
+    assert uncached.exit_code == 2 and uncached.output.startswith("error:") and "no call cache" in uncached.output

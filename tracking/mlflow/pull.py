@@ -32,13 +32,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from core.paths import StoreLayout
 from core.secrets import redact_url
 from tracking.mlflow.log import EXECUTION_TAG
 from tracking.mlflow.runs import MANIFEST_ARTIFACT, RUN_STATS
 from tracking.store import callpack
 from tracking.store.catalog import segment_exists
 
-PULL_DIR = ".pull"
+PULL_DIR = StoreLayout.PULLS
 SPEC_ARTIFACT = "spec.yaml"
 SUMMARY_ARTIFACT = "analysis/summary.json"
 STAGED_PACK = "calls.jsonl.gz"
