@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -45,6 +46,16 @@ class DatasetSpec(_Strict):
 LABEL_PATTERN = r"^[A-Za-z0-9_.\-]+$"
 
 
+def _message(err: Mapping[str, Any]) -> str:
+    """One pydantic error as the spec's messages say it: a value outside an enumeration (a Literal or an Enum) named
+    with the choices ("'wikipedia-xl' is not one of ..."), which pydantic's own message leaves out."""
+    if err["type"] == "extra_forbidden":
+        return "unknown field"
+    if err["type"] in ("literal_error", "enum"):
+        return f"{err['input']!r} is not one of {err['ctx']['expected']}"
+    return err["msg"].removeprefix("Value error, ")
+
+
 def _list_entry(model: type[BaseModel], value: dict, where: str) -> BaseModel:
     """One entry of a list field, validated with one message that names it (`readers[2].samples: ...`)
     instead of pydantic's per-union-member errors."""
@@ -53,8 +64,7 @@ def _list_entry(model: type[BaseModel], value: dict, where: str) -> BaseModel:
     except ValidationError as exc:
         err = exc.errors()[0]
         field = ".".join(str(p) for p in err["loc"])
-        msg = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
-        raise ValueError(f"{where}.{field}: {msg}") from None
+        raise ValueError(f"{where}.{field}: {_message(err)}") from None
 
 
 class DatasetEntry(DatasetSpec):
@@ -365,7 +375,7 @@ class SweepSpec(_SpecBase):
             try:
                 self._experiment(e)
             except ValidationError as exc:
-                raise ValueError(f"dataset[{i}]: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from None
+                raise ValueError(f"dataset[{i}]: {_message(exc.errors()[0])}") from None
         return self
 
     def _experiment(self, entry: DatasetEntry) -> ExperimentSpec:
@@ -385,10 +395,7 @@ def _format_errors(path: str, exc: ValidationError) -> str:
     lines = []
     for err in exc.errors():
         field = ".".join(str(p) for p in err["loc"]) or "<root>"
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            msg = "unknown field"
-        lines.append(f"{path}: field '{field}': {msg}")
+        lines.append(f"{path}: field '{field}': {_message(err)}")
     return "\n".join(lines)
 
 

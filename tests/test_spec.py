@@ -1,4 +1,8 @@
+from enum import Enum
+from typing import Literal, get_args, get_origin
+
 import pytest
+from pydantic import BaseModel, ValidationError
 
 from schemas.spec import SpecError, load_spec, parse_spec
 
@@ -62,3 +66,43 @@ def test_file_level_errors(tmp_path):
     scalar.write_text("just a string\n")
     with pytest.raises(SpecError, match="must be a YAML mapping"):
         load_spec(scalar)
+
+
+@pytest.mark.parametrize(
+    ("patch", "needle"),
+    [
+        ({"corpus": {"name": "wikipedia-xl", "paths": ["x.jsonl"]}},
+         "field 'corpus.name': 'wikipedia-xl' is not one of 'squad-paragraphs', 'jsonl', 'dpr-tsv', 'lucene' or 'prebuilt'"),
+        ({"model": {"backend": "vllm"}}, "field 'model.backend': 'vllm' is not one of 'embedded' or 'openai'"),
+        ({"dataset": {"name": 7}}, "field 'dataset.name': 7 is not one of 'squad', "),
+        ({"execution": {"runner": "ray"}}, "field 'execution.runner': 'ray' is not one of 'thread' or 'dask'"),
+    ],
+)
+def test_a_value_outside_a_choice_is_named_with_the_choices(patch, needle):
+    with pytest.raises(SpecError) as exc:
+        parse_spec({**GOOD, **patch}, "spec.yaml")
+    assert needle in str(exc.value), str(exc.value)
+
+
+def _is_choice(annotation: object) -> bool:
+    if get_origin(annotation) is Literal:
+        return True
+    if isinstance(annotation, type):
+        return issubclass(annotation, Enum)
+    return any(_is_choice(a) for a in get_args(annotation))  # inside a union (`Literal[...] | None`)
+
+
+def test_every_choice_field_names_the_value_given():
+    """Every field of the spec's models whose values are an enumeration (a Literal or an Enum): a value outside it
+    is named in the message, with the choices."""
+    import schemas.spec as spec_module
+
+    models = [m for m in vars(spec_module).values()
+              if isinstance(m, type) and issubclass(m, BaseModel) and m.__module__ == spec_module.__name__]
+    fields = [(m, name) for m in models for name, info in m.model_fields.items() if _is_choice(info.annotation)]
+    assert len(fields) >= 5, fields  # the dataset's and the corpus's names, the backend, the runner, the vote at least
+    for model, name in fields:
+        with pytest.raises(ValidationError) as exc:
+            model.model_validate({name: "no-such-choice"})
+        message = spec_module._format_errors("spec.yaml", exc.value)
+        assert f"field '{name}': 'no-such-choice' is not one of '" in message, (model.__name__, message)

@@ -90,7 +90,7 @@ def test_a_list_expands_into_one_ordinary_experiment_per_dataset():
          "dataset[2].label: 'x' is already the label of dataset[1]"),
         ([SQUAD, {**NQ, "pth": "x.jsonl"}], None, "dataset[1].pth: unknown field"),
         ([SQUAD, {**NQ, "limit": 0}], None, "dataset[1].limit: Input should be greater than 0"),
-        ([SQUAD, {**NQ, "name": "mnist"}], None, "dataset[1].name: Input should be"),
+        ([SQUAD, {**NQ, "name": "mnist"}], None, "dataset[1].name: 'mnist' is not one of 'squad', "),
         ([{**SQUAD, "label": "has space"}], None, "dataset[0].label: String should match pattern"),
         ([SQUAD, "nq-open"], None, "dataset[1]: expected a mapping"),
         ([], None, "an empty list"),
