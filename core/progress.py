@@ -1,68 +1,177 @@
-"""Progress from inside tasks to whoever shows it (the CLI's rich progress bars).
+"""Progress from inside tasks to whoever shows it (the CLI's rich progress bars, or plain lines in a log).
 
-Tasks call `advance(stage, n)`; with no listener registered (tests, Dask workers) it does nothing.
+Tasks call `advance(stage, n)` as units of work finish; with no listener registered (tests, Dask workers) every
+call here does nothing. A stage's total is its planned work: set at once when it is known (`set_total`: passages to
+embed, experiments of a sweep), or part by part when it is planned part by part (`forecast`, then `planned`: a
+generate stage's model calls, known when its task plans them; see `Forecast`).
+
+The time left is the planned work still to do at the rate the finished work went since the stage's work began
+(`seconds_left`). A count of tasks that run side by side is shown untimed (`timed=False`): every shard's model calls
+are in flight together, so the first of eight generate tasks ends late and the other seven soon after it, and
+extrapolating the count said "~1181 s left" of a run that ended 91 s later.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
 
-_listener: Callable[[str, int], None] | None = None
-_total_listener: Callable[[str, int], None] | None = None
+
+class Listener(Protocol):
+    def total(self, stage: str, n: int, timed: bool = True, begun: bool = True) -> object:
+        """The stage starts (again: each experiment of a sweep restarts it) with `n` units planned; its work begins
+        now (`begun`), or when its first part is planned (`revise`)."""
+
+    def revise(self, stage: str, n: int) -> object:
+        """More of the stage's work is planned: its total is now `n`."""
+
+    def advance(self, stage: str, n: int) -> object:
+        """`n` more units are done."""
+
+
+_listener: Listener | None = None
+_forecasts: dict[str, Forecast] = {}
 _lock = threading.Lock()
 
 
-def set_listener(fn: Callable[[str, int], None] | None, total_fn: Callable[[str, int], None] | None = None) -> None:
-    global _listener, _total_listener
-    _listener, _total_listener = fn, total_fn
+def set_listener(listener: Listener | None) -> None:
+    global _listener
+    with _lock:
+        _listener = listener
+        _forecasts.clear()
 
 
-def set_total(stage: str, total: int) -> None:
-    fn = _total_listener
-    if fn is not None:
-        with _lock:
-            fn(stage, total)
+def set_total(stage: str, total: int, timed: bool = True) -> None:
+    with _lock:
+        if _listener is not None:
+            _listener.total(stage, total, timed)
 
 
 def advance(stage: str, n: int = 1) -> None:
-    fn = _listener
-    if fn is not None:
-        with _lock:
-            fn(stage, n)
+    with _lock:
+        if _listener is not None:
+            _listener.advance(stage, n)
 
 
-class PlainProgress:
+def forecast(stage: str, parts: Mapping[str, tuple[str, int]]) -> None:
+    """The stage's work comes in `parts` (key -> (group, questions)), each planned later (`planned`); its total is
+    the forecast's, from now on revised as parts are planned."""
+    with _lock:
+        if _listener is None:
+            return
+        _forecasts[stage] = f = Forecast(parts)
+        _listener.total(stage, f.total(), True, begun=False)
+
+
+def planned(stage: str, part: str, units: int) -> None:
+    """Part `part` of the stage was planned: it is `units` units of work (0: none of it runs now)."""
+    with _lock:
+        f = _forecasts.get(stage)
+        if _listener is None or f is None:
+            return
+        f.plan(part, units)
+        _listener.revise(stage, f.total())
+
+
+@dataclass
+class Forecast:
+    """The units of a stage planned part by part: the planned parts' units, and for each part still to plan its
+    questions times the units per question of the planned parts of its group (a cell's round: Post-Fusion plans one
+    call per passage, Concatenation one per question), else of every planned part, else one per question."""
+
+    parts: Mapping[str, tuple[str, int]]  # part -> (group, questions)
+    units: dict[str, int] = field(default_factory=dict)  # part -> units, once planned
+
+    def plan(self, part: str, units: int) -> None:
+        self.units[part] = units
+
+    def total(self) -> int:
+        per_group: dict[str, list[int]] = {}
+        for part, units in self.units.items():
+            group, questions = self.parts.get(part, ("", 0))
+            sums = per_group.setdefault(group, [0, 0])
+            sums[0], sums[1] = sums[0] + units, sums[1] + questions
+        everything = [sum(s[0] for s in per_group.values()), sum(s[1] for s in per_group.values())]
+        expected = 0.0
+        for part, (group, questions) in self.parts.items():
+            if part not in self.units:
+                units, asked = next(s for s in (per_group.get(group), everything, [1, 1]) if s and s[1] > 0)
+                expected += questions * units / asked
+        return sum(self.units.values()) + round(expected)
+
+
+def seconds_left(done: int, total: int | None, began: float | None, now: float) -> float | None:
+    """The time the `total - done` units still to do take at the rate the `done` ones went since the work `began`;
+    None before a unit is done (no rate yet), when the total is unknown, or once it is reached."""
+    if began is None or total is None or done <= 0 or done >= total or now <= began:
+        return None
+    return (total - done) * (now - began) / done
+
+
+@dataclass
+class StageState:
+    total: int | None = None
+    done: int = 0
+    began: float | None = None  # when its work began
+    timed: bool = True
+    last: float | None = None  # when a line last reported it (PlainProgress)
+
+    def left(self, now: float) -> float | None:
+        return seconds_left(self.done, self.total, self.began, now) if self.timed else None
+
+
+class Stages:
+    """Each stage's planned units, done units and start, as the listener calls report them: what a display shows."""
+
+    def __init__(self, clock: Callable[[], float] | None = None) -> None:
+        self.clock = clock or time.monotonic
+        self.states: dict[str, StageState] = {}
+
+    def total(self, stage: str, n: int, timed: bool = True, begun: bool = True) -> StageState:
+        began = self.clock() if begun else None
+        self.states[stage] = state = StageState(n, 0, began, timed, began)
+        return state
+
+    def revise(self, stage: str, n: int) -> StageState:
+        state = self.states.setdefault(stage, StageState())
+        state.total = n
+        if state.began is None:
+            state.began = self.clock()
+        return state
+
+    def advance(self, stage: str, n: int) -> StageState:
+        state = self.states.get(stage)
+        if state is None:  # a stage with no total: it starts at its first report
+            state = self.states[stage] = StageState(began=self.clock())
+        elif state.began is None:
+            state.began = self.clock()
+        state.done += n
+        return state
+
+
+class PlainProgress(Stages):
     """Progress as plain lines, for output that is not a terminal (a log file of an hours-long run, CI):
     each stage's count at most every `every_s` seconds and when it completes, with elapsed time and time left."""
 
     def __init__(self, emit: Callable[[str], None], every_s: float = 30.0, clock: Callable[[], float] | None = None):
-        self.emit, self.every_s, self.clock = emit, every_s, clock or time.monotonic
-        self.totals: dict[str, int] = {}
-        self.done: dict[str, int] = {}
-        self.started: dict[str, float] = {}
-        self.last: dict[str, float] = {}
+        super().__init__(clock)
+        self.emit, self.every_s = emit, every_s
 
-    def total(self, stage: str, n: int) -> None:
-        """A stage's total is set once per experiment, before it advances: each experiment of a sweep restarts it
-        (as the rich bars are reset)."""
-        self.totals[stage] = n
-        self.done[stage] = 0
-        self.started[stage] = self.last[stage] = self.clock()
-
-    def advance(self, stage: str, n: int) -> None:
+    def advance(self, stage: str, n: int) -> StageState:
+        state = super().advance(stage, n)
         now = self.clock()
-        started = self.started.setdefault(stage, now)
-        done = self.done[stage] = self.done.get(stage, 0) + n
-        total = self.totals.get(stage)
-        finished = total is not None and done >= total
-        if not finished and now - self.last.get(stage, started) < self.every_s:
-            return
-        self.last[stage] = now
-        elapsed = now - started
-        line = f"progress: {stage} {done:,}/{total:,}" if total else f"progress: {stage} {done:,}"
-        line += f", {elapsed:.0f} s"
-        if total and not finished and done and elapsed > 0:
-            line += f", ~{(total - done) * elapsed / done:.0f} s left"
+        # a forecast total may be reached before more of the stage's work is planned: said once, not at every unit
+        finished = state.total is not None and state.done >= state.total > state.done - n
+        if not finished and now - (state.last if state.last is not None else state.began) < self.every_s:
+            return state
+        state.last = now
+        line = f"progress: {stage} {state.done:,}/{state.total:,}" if state.total else f"progress: {stage} {state.done:,}"
+        line += f", {now - state.began:.0f} s"
+        left = state.left(now)
+        if left is not None:
+            line += f", ~{left:.0f} s left"
         self.emit(line + (" (done)" if finished else ""))
+        return state

@@ -25,7 +25,7 @@ from flows.plan import ExperimentPlan
 from flows.run_summary import Accounting
 from tasks.evaluate import embed_gold_answers
 from tasks.prefect_tasks import evaluate_task, generate_round_task, retrieve_task, vote_task
-from tasks.stages import RetrieveStage, RunContext, Stage, StageResult
+from tasks.stages import GenerateStage, RetrieveStage, RunContext, Stage, StageResult
 from tracking.store.events import EventStore, stable_hash
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,8 @@ class PlanExecution:
         if self.run.head_start is not None:  # the schedule is the flow's from here: its head start claims no further stage
             self.run.head_start.stop()
         for stage, total in self.plan.stage_totals().items():
-            progress.set_total(stage, total)
+            progress.set_total(stage, total, timed=False)  # tasks run side by side: no time left from their count
+        progress.forecast(GenerateStage.calls_progress, self.plan.call_parts())  # the time left is the calls'
         for stage in self.plan.first_retrievals():
             self.retrieve(stage)
         try:

@@ -92,6 +92,12 @@ class ExperimentPlan:
         return {"retrieve": len(self.retrieves), "generate": sum(len(g) for g in self.generates.values()),
                 "vote": len(self.votes), "evaluate": len(self.evaluates)}
 
+    def call_parts(self) -> dict[str, tuple[str, int]]:
+        """The run's model calls in parts, one per generate stage: its key -> (its cell and round, its questions). A
+        stage's calls are known when its task plans them; until then core.progress.Forecast estimates them."""
+        return {g.key: (f"{g.cell.name} round {g.round_no}", len(g.qids)) for rounds in self.generates.values()
+                for g in rounds}
+
     def cells_of(self, retriever: str) -> list[Cell]:
         return [c for c in self.cells if c.retriever == retriever]
 

@@ -3,12 +3,13 @@ to (Accounting), and the wall time of each stage (StageClock)."""
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from core import progress
-from tasks.stages import StageResult
+from tasks.stages import GenerateStage, StageResult
 
 COUNTERS = ("llm_calls", "cache_hits", "retries", "tokens_in")
 
@@ -67,6 +68,17 @@ class Accounting:
     def add_with_progress(self, stage: str, result: StageResult) -> None:
         self.add(stage, result)
         progress.advance(stage, 1)
+        if stage == GenerateStage.stage:
+            self._calls_progress(result)
+
+    def _calls_progress(self, result: StageResult) -> None:
+        """A generate task's model calls in the run's progress when the task's own reports were not seen here."""
+        calls = GenerateStage.calls_progress
+        if result.run_token != self.run_token:  # persisted by an earlier run: none of its calls is made now
+            progress.planned(calls, result.shard, 0)
+        elif result.pid != os.getpid():  # ran in a Dask worker, whose reports stay there
+            progress.planned(calls, result.shard, result.rows)
+            progress.advance(calls, result.rows)
 
     def fill(self, summary: RunSummary) -> None:
         summary.llm_calls, summary.cache_hits = self.counters["llm_calls"], self.counters["cache_hits"]

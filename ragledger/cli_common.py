@@ -12,6 +12,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from core.progress import Stages, StageState
+
 DEFAULT_STORE = ".ragledger/store"  # the spec's tracking.store default, for commands that take --store alone
 # indexes are keyed by corpus hash and shared by every store and checkout (tasks/context.py index_root_for)
 CORPUS_HELP = ("the corpus instead of the spec's: squad-paragraphs (SQuAD's own paragraphs), or KIND:PATH with KIND jsonl, "
@@ -20,6 +22,8 @@ INDEXES_HELP = ("indexes are not kept beside it: they go to $RAGLEDGER_INDEX_DIR
                 "~/.cache/ragledger)")
 
 if TYPE_CHECKING:
+    from rich.progress import Progress
+
     from schemas.spec import AnySpec, CorpusSpec
 
 # wide enough for the results table when output goes to a file or CI log
@@ -114,36 +118,51 @@ def preflight(spec: AnySpec) -> None:
 
 @contextlib.contextmanager
 def stage_progress() -> Iterator[None]:
-    """Rich progress bars fed by core.progress (one bar per stage, created on its first report); plain
-    progress lines every 30 s when the output is not a terminal (a long run logged to a file)."""
+    """Rich progress bars fed by core.progress (one bar per stage, created on its first report, with its time left);
+    plain progress lines every 30 s when the output is not a terminal (a long run logged to a file)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from core import progress as prog
 
     if not console.is_terminal:
-        plain = prog.PlainProgress(lambda line: console.print(line, highlight=False, markup=False))
-        prog.set_listener(plain.advance, plain.total)
+        prog.set_listener(prog.PlainProgress(lambda line: console.print(line, highlight=False, markup=False)))
         try:
             yield
         finally:
             prog.set_listener(None)
         return
     with Progress(TextColumn("{task.description:>16}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console) as bars:
-        ids: dict[str, int] = {}
-
-        def total(stage: str, n: int) -> None:
-            if stage not in ids:
-                ids[stage] = bars.add_task(stage, total=n)
-            bars.reset(ids[stage], total=n)  # a stage's total is set once per experiment: each of a sweep restarts it
-
-        def advance(stage: str, n: int) -> None:
-            if stage not in ids:
-                ids[stage] = bars.add_task(stage, total=None)
-            bars.advance(ids[stage], n)
-
-        prog.set_listener(advance, total)
+                  TextColumn("{task.fields[left]}"), console=console) as bars:
+        prog.set_listener(_Bars(bars))
         try:
             yield
         finally:
             prog.set_listener(None)
+
+
+class _Bars(Stages):
+    """One rich bar per stage of core.progress, each with the stage's time left."""
+
+    def __init__(self, bars: Progress) -> None:
+        super().__init__()
+        self.bars, self.ids = bars, {}
+
+    def total(self, stage: str, n: int, timed: bool = True, begun: bool = True) -> StageState:
+        state = super().total(stage, n, timed, begun)
+        if stage in self.ids:  # a stage's total is set once per experiment: each of a sweep restarts it
+            self.bars.reset(self.ids[stage], total=n, left="")
+        return self._show(stage, state)
+
+    def revise(self, stage: str, n: int) -> StageState:
+        return self._show(stage, super().revise(stage, n))
+
+    def advance(self, stage: str, n: int) -> StageState:
+        return self._show(stage, super().advance(stage, n))
+
+    def _show(self, stage: str, state: StageState) -> StageState:
+        if stage not in self.ids:
+            self.ids[stage] = self.bars.add_task(stage, total=state.total, left="")
+        left = state.left(self.clock())
+        self.bars.update(self.ids[stage], total=state.total, completed=state.done,
+                         left="" if left is None else f"~{left:.0f} s left")
+        return state

@@ -237,6 +237,7 @@ class GenerateStage(CellStage):
 
     task_name: ClassVar[str] = "generate-round"
     stage: ClassVar[str] = "generate"
+    calls_progress: ClassVar[str] = "generate calls"  # the core.progress stage its model calls are counted in
 
     upstream: str  # the retrieve key (round 1) or the previous round's
     cell: Cell

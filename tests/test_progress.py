@@ -1,6 +1,8 @@
-"""Plain progress lines for long runs whose output goes to a file (no terminal for progress bars)."""
+"""Progress: plain lines for long runs whose output goes to a file (no terminal for progress bars), and the time
+left from the planned work (core/progress.py)."""
 
-from core.progress import PlainProgress
+from core import progress
+from core.progress import Forecast, PlainProgress, seconds_left
 
 
 def test_plain_progress_reports_at_most_every_interval_and_at_completion():
@@ -41,3 +43,66 @@ def test_each_experiment_of_a_sweep_restarts_a_stage():
             now[0] += 1.0
             p.advance("vote", 1)
     assert lines == ["progress: vote 2/2, 2 s (done)", "progress: vote 2/2, 2 s (done)"]  # not 4/2 the second time
+
+
+# A demo-like run: Concatenation (one call per question) and Post-Fusion (one call per passage, k = 5) over two shards
+# of 5 questions: 4 generate stages, 60 model calls.
+PARTS = {"concat-1": ("concat round 1", 5), "pf-1": ("pf round 1", 5),
+         "concat-2": ("concat round 1", 5), "pf-2": ("pf round 1", 5)}
+
+
+def test_the_forecast_counts_planned_calls_and_estimates_the_rest_by_questions():
+    f = Forecast(PARTS)
+    assert f.total() == 20  # nothing planned: one call per question
+    f.plan("concat-1", 5)
+    assert f.total() == 20  # 5 planned, 15 questions at the 1 call per question planned so far
+    f.plan("pf-1", 25)
+    assert f.total() == 60  # 30 planned; concat-2 at concat's 1/question, pf-2 at Post-Fusion's 5/question
+    f.plan("concat-2", 5)
+    f.plan("pf-2", 25)
+    assert f.total() == 60
+    rounds = Forecast({"a": ("fallback round 1", 4), "b": ("fallback round 2", 4)})
+    rounds.plan("a", 4)
+    assert rounds.total() == 8  # round 2 not planned yet: at the 1 call per question planned so far
+    rounds.plan("b", 0)  # every first answer was kept: no fallback call
+    assert rounds.total() == 4
+
+
+def test_seconds_left_is_the_planned_work_left_at_the_rate_so_far():
+    assert seconds_left(0, 60, began=10.0, now=20.0) is None  # no call done: no rate yet
+    assert seconds_left(15, 60, began=10.0, now=40.0) == 90.0  # 15 calls in 30 s: 45 left take 90 s
+    assert seconds_left(60, 60, began=10.0, now=130.0) is None
+    assert seconds_left(5, None, began=10.0, now=20.0) is None
+
+
+def test_an_estimate_from_a_schedule_of_call_completions():
+    """The calls of both cells' shards are in flight together (the model answers one at a time, 2 s each); the work
+    begins when the first stage plans its calls (t = 10 s), the estimate is the planned calls left at the rate so far.
+    The count of generate tasks says nothing: none ends before most calls are done."""
+    now = [0.0]
+    lines: list[str] = []
+    plain = PlainProgress(lines.append, every_s=30, clock=lambda: now[0])
+    progress.set_listener(plain)
+    try:
+        progress.set_total("generate", 4, timed=False)
+        progress.forecast("generate calls", PARTS)
+        now[0] = 10.0
+        for part, calls in (("concat-1", 5), ("pf-1", 25), ("concat-2", 5), ("pf-2", 25)):
+            progress.planned("generate calls", part, calls)
+        for _ in range(60):
+            now[0] += 2.0
+            progress.advance("generate calls")
+            if now[0] == 126.0:  # a shard's tasks end near the end
+                progress.advance("generate", 2)
+        progress.advance("generate", 2)
+    finally:
+        progress.set_listener(None)
+    # time actually left at 40 s: 90 s; at 70 s: 60 s; at 100 s: 30 s
+    assert lines == [
+        "progress: generate calls 15/60, 30 s, ~90 s left",
+        "progress: generate calls 30/60, 60 s, ~60 s left",
+        "progress: generate calls 45/60, 90 s, ~30 s left",
+        "progress: generate 2/4, 126 s",
+        "progress: generate calls 60/60, 120 s (done)",
+        "progress: generate 4/4, 130 s (done)",
+    ]
