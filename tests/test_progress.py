@@ -106,3 +106,32 @@ def test_an_estimate_from_a_schedule_of_call_completions():
         "progress: generate calls 60/60, 120 s (done)",
         "progress: generate 4/4, 130 s (done)",
     ]
+
+
+def test_the_terminal_bars_show_the_same_estimate():
+    import io
+
+    from rich.console import Console
+    from rich.progress import Progress, TextColumn
+
+    from ragledger.cli_common import _Bars
+
+    now = [0.0]
+    with Progress(TextColumn("{task.fields[left]}"), console=Console(file=io.StringIO()), auto_refresh=False) as bars:
+        listener = _Bars(bars)
+        listener.clock = lambda: now[0]
+        progress.set_listener(listener)
+        try:
+            progress.set_total("generate", 4, timed=False)
+            progress.forecast("generate calls", PARTS)
+            now[0] = 10.0
+            for part, calls in (("concat-1", 5), ("pf-1", 25)):
+                progress.planned("generate calls", part, calls)
+            for _ in range(15):
+                now[0] += 2.0
+                progress.advance("generate calls")
+            progress.advance("generate", 1)
+        finally:
+            progress.set_listener(None)
+        shown = {t.description: (t.completed, t.total, t.fields["left"]) for t in bars.tasks}
+    assert shown == {"generate": (1, 4, ""), "generate calls": (15, 60, "~90 s left")}
