@@ -26,20 +26,25 @@ def index_root_for(store_root: str) -> Path:
     return StoreLayout.of(store_root).indexes
 
 
-def corpus_for(spec: ExperimentSpec) -> Corpus:
-    return Corpus.of_spec(spec.corpus)
+def corpus_for(spec: ExperimentSpec, index_root: Path, log=print) -> Corpus:
+    """The spec's corpus, for a retriever about to search it: passage files read for the first time on this machine
+    are indexed by that same read (strategies/retrievers/lucene.py `load_with_index`)."""
+    from strategies.retrievers.lucene import load_with_index
+
+    return load_with_index(spec.corpus.name, tuple(spec.corpus.paths), spec.corpus.faiss, index_root, log=log)
 
 
 _retrievers: dict[tuple[str, str, str], Retriever] = {}
 
 
 def retriever_for(spec: ExperimentSpec, name: str, store_root: str, log=print) -> Retriever:
-    corpus = corpus_for(spec) if parse_retriever(name).needs_corpus else None
+    index_root = index_root_for(store_root)
+    corpus = corpus_for(spec, index_root, log=log) if parse_retriever(name).needs_corpus else None
     key = (name, corpus.corpus_hash if corpus else "", store_root)
     if key not in _retrievers:
         retriever = parse_retriever(name)
         if corpus is not None:
-            retriever.prepare(corpus, index_root_for(store_root), log=log)
+            retriever.prepare(corpus, index_root, log=log)
         _retrievers[key] = retriever
     return _retrievers[key]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from core.datasets import DatasetError
+from core.datasets import DatasetError, iter_corpus
 from core.hashing import stable_hash
 from strategies.retrievers import parse_retriever
 from strategies.retrievers.base import Query, reader_text
@@ -89,6 +89,89 @@ def test_jsonl_in_either_shape_is_the_same_corpus_as_the_tsv(tmp_path, monkeypat
     assert as_contents.anserini_ready and not as_plain.anserini_ready and not tsv.anserini_ready
     expected = hits_of(tsv, tmp_path / "indexes-tsv")
     assert hits_of(as_plain, tmp_path / "indexes-plain") == expected == hits_of(as_contents, tmp_path / "indexes-contents")
+
+
+QUOTED = [  # DPR's layout with every text and title in double quotes, inner quotes doubled; titles that need them
+    ("10", 'Aaron ( or ; "Ahärôn") is a prophet, high priest, and the brother of Moses.', 'Aaron "the priest"'),
+    ("11", "Paris is the capital and most populous city of France, on the Seine.", "Paris"),
+    ("12", "The Nile is a major north-flowing river in northeastern Africa; Moses was found on its banks.", "Nile"),
+    ("13", "Le Mans hosts a 24-hour race; the river Sarthe runs through it.", "Le Mans, \"France\""),
+]
+
+
+def stored_documents(index_dir: Path) -> list[tuple[str, str]]:
+    """(id, raw stored document) of every document of an index, in Lucene's order."""
+    from strategies.retrievers.lucene import searcher
+
+    found = searcher(index_dir)
+    return [(found.doc(i).get("id"), found.doc(i).get("raw")) for i in range(int(found.get_total_num_docs()))]
+
+
+def quoted_tsv(path: Path) -> Path:
+    quote = lambda s: '"' + s.replace('"', '""') + '"'  # noqa: E731
+    path.write_text("id\ttext\ttitle\n" + "".join(f"{p}\t{quote(x)}\t{quote(t)}\n" for p, x, t in QUOTED), encoding="utf-8")
+    return path
+
+
+def test_a_dpr_tsv_is_indexed_as_the_same_passages_as_jsonl_read_in_place(tmp_path, monkeypatch):
+    """A DPR TSV is converted while Anserini indexes it, through a pipe: by the one read that names a new file
+    (`load_with_index`, as `ragledger index` does), or by a read of its own for a file named already. Either way the
+    index holds exactly what Anserini builds from the same passages as a JSON-lines file it reads in place: the same
+    documents in the same order, stored byte for byte alike, and the same hits with the same scores."""
+    import strategies.retrievers.corpus as corpus_module
+    from strategies.retrievers.lucene import load_with_index, lucene_index
+
+    monkeypatch.setenv("RAGLEDGER_HOME", str(tmp_path / "home"))
+    reads = []
+    monkeypatch.setattr(corpus_module, "iter_corpus", lambda *a: reads.append(a[0]) or iter_corpus(*a))
+    jsonl = tmp_path / "contents.jsonl"
+    jsonl.write_text("".join(json.dumps({"id": p, "contents": f"{t}\n{x}"}) + "\n" for p, x, t in QUOTED))
+    from_jsonl = Corpus.load("jsonl", (str(jsonl),))
+    tsv = quoted_tsv(tmp_path / "psgs_w100.tsv")
+    in_one_read = load_with_index("dpr-tsv", (str(tsv),), None, tmp_path / "indexes-one-read", log=lambda *_: None)
+    assert reads == ["jsonl", "dpr-tsv"] and Corpus.named("dpr-tsv", (str(tsv),))  # named and indexed: one read
+    built = lucene_index(in_one_read, tmp_path / "indexes-one-read", log=lambda *_: None)
+    assert reads == ["jsonl", "dpr-tsv"]  # the index was there: not read again
+    from_tsv = Corpus.load("dpr-tsv", (str(tsv),))  # named now: its index is built by a read of its own
+    assert from_jsonl.anserini_ready and not from_tsv.anserini_ready
+    assert from_tsv.passages_hash == from_jsonl.passages_hash == in_one_read.passages_hash
+    assert next(iter(from_tsv.stream())) == ("10", 'Aaron "the priest"', QUOTED[0][1])  # the quotes taken off
+    read_in_place = lucene_index(from_jsonl, tmp_path / "indexes-jsonl", log=lambda *_: None)
+    assert stored_documents(built) == stored_documents(read_in_place)
+    assert stored_documents(lucene_index(from_tsv, tmp_path / "indexes-tsv", log=lambda *_: None)) == \
+           stored_documents(read_in_place)
+    assert [doc_id for doc_id, _ in stored_documents(built)] == [p for p, _, _ in QUOTED]
+    queries = [*QUERIES, Query("q4", "race on the Sarthe"), Query("q5", "Ahärôn priest")]
+
+    def hits(corpus: Corpus, root: Path) -> dict:
+        bm25 = parse_retriever("bm25@4")
+        bm25.prepare(corpus, root, log=lambda *_: None)
+        return {qid: [(h.pid, h.score, h.title, h.text) for h in found] for qid, found in bm25.retrieve(queries).items()}
+
+    expected = hits(from_jsonl, tmp_path / "indexes-jsonl")
+    assert hits(in_one_read, tmp_path / "indexes-one-read") == expected == hits(from_tsv, tmp_path / "indexes-tsv")
+    assert expected["q4"][0][0] == "13" and expected["q4"][0][2] == 'Le Mans, "France"'
+
+
+def test_a_corpus_that_fails_while_it_is_indexed_publishes_no_index(tmp_path, monkeypatch):
+    """The passages are read while Lucene indexes them. A file changed since it was named, with a malformed row
+    half-way, fails the build with that row's error; a new file whose ids repeat, found at the end of the read that
+    names it, too. Neither an index nor its build folder is left, and nothing is kept for the failed file."""
+    from strategies.retrievers.lucene import load_with_index, lucene_index
+
+    monkeypatch.setenv("RAGLEDGER_HOME", str(tmp_path / "home"))
+    path = dpr_tsv(tmp_path / "psgs.tsv.gz")
+    corpus = Corpus.load("dpr-tsv", (str(path),))
+    with gzip.open(path, "wt", encoding="utf-8") as fh:
+        fh.write("id\ttext\ttitle\n1\tfirst passage\tA\n2\tsecond passage\tB\n3\tonly two fields\n4\tfourth\tD\n")
+    with pytest.raises(DatasetError, match=r"psgs.tsv.gz: row 4: expected 3 tab-separated fields"):
+        lucene_index(corpus, tmp_path / "indexes", log=lambda *_: None)
+    assert list((tmp_path / "indexes").iterdir()) == []
+    twice = tmp_path / "twice.tsv"
+    twice.write_text("id\ttext\ttitle\n1\tfirst passage\tA\n2\tsecond passage\tB\n1\tthird passage\tC\n")
+    with pytest.raises(DatasetError, match=r"twice.tsv: row 4: field 'id': duplicate id '1' \(first at row 2\)"):
+        load_with_index("dpr-tsv", (str(twice),), None, tmp_path / "indexes", log=lambda *_: None)
+    assert list((tmp_path / "indexes").iterdir()) == [] and not Corpus.named("dpr-tsv", (str(twice),))
 
 
 def test_a_lucene_index_built_by_pyserini_is_searched_and_read_in_place(tmp_path, monkeypatch, pyserini_built):

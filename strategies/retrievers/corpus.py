@@ -73,9 +73,12 @@ class Corpus:
         return cls.load(spec.name, tuple(spec.paths), spec.faiss, log=log)
 
     @classmethod
-    def load(cls, name: str, paths: tuple[str, ...], faiss: str | None = None, log=None) -> Corpus:
+    def load(cls, name: str, paths: tuple[str, ...], faiss: str | None = None, log=None, tee=None) -> Corpus:
         """The spec's corpus: its hash and size, kept per file identity (a passage file is read and hashed once on
-        this machine, saying so to `log`) or computed from an index's files. Nothing of the passages stays in memory."""
+        this machine, saying so to `log`) or computed from an index's files. Nothing of the passages stays in memory.
+        `tee`, when given, is handed every batch of (row, pid, title, text) of that one read, as it is read (an index
+        built from the same read: strategies/retrievers/lucene.py `load_with_index`); it is not called when the
+        corpus is already named on this machine (`named`)."""
         if name not in CORPUS_KINDS:
             raise CorpusError(f"corpus.name: unknown corpus kind {name!r}; known: {', '.join(CORPUS_KINDS)}")
         faiss_dir = _faiss_dir(faiss) if faiss else None
@@ -85,8 +88,18 @@ class Corpus:
         key = (name, tuple(paths), _identity(name, tuple(paths)))
         with _memo_lock:
             if key not in _memo:
-                _memo[key] = _file_corpus(*key, log=log)
+                _memo[key] = _file_corpus(*key, log=log, tee=tee)
             return dataclasses.replace(_memo[key], faiss=faiss_dir)
+
+    @staticmethod
+    def named(name: str, paths: tuple[str, ...]) -> bool:
+        """Whether these passage files are named on this machine already (their hash kept, or read in this process):
+        loading them then reads no passage."""
+        key = (name, tuple(paths), _identity(name, tuple(paths)))
+        with _memo_lock:
+            if key in _memo:
+                return True
+        return _kept_info(name, key[2]).exists()
 
     @property
     def built_here(self) -> bool:
@@ -121,9 +134,13 @@ _memo: dict[tuple, Corpus] = {}
 _memo_lock = threading.Lock()
 
 
-def _file_corpus(name: str, paths: tuple[str, ...], identity: tuple, log=None) -> Corpus:
+def _kept_info(name: str, identity: tuple) -> Path:
+    return cache_home() / "corpora" / f"{stable_hash(CORPUS_INFO_VERSION, name, identity)}.json"
+
+
+def _file_corpus(name: str, paths: tuple[str, ...], identity: tuple, log=None, tee=None) -> Corpus:
     """Read from what this machine kept for these files (their identity names it), else streamed and hashed once."""
-    kept = cache_home() / "corpora" / f"{stable_hash(CORPUS_INFO_VERSION, name, identity)}.json"
+    kept = _kept_info(name, identity)
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
         info = json.loads(kept.read_text())
         return Corpus(name, paths, str(info["corpus_hash"]), int(info["passages"]),
@@ -131,7 +148,7 @@ def _file_corpus(name: str, paths: tuple[str, ...], identity: tuple, log=None) -
     if log is not None:
         log(f"reading the {name} corpus once on this machine to name it by its content ({', '.join(paths)}) ...")
     shape: dict = {}
-    corpus_hash, count = stream_hash(name, paths, log, shape)
+    corpus_hash, count = stream_hash(name, paths, log, shape, tee)
     ready = bool(shape.get("contents_only"))
     try:  # a cache: one that cannot be kept is computed again next time
         kept.parent.mkdir(parents=True, exist_ok=True)
@@ -142,11 +159,12 @@ def _file_corpus(name: str, paths: tuple[str, ...], identity: tuple, log=None) -
     return Corpus(name, paths, corpus_hash, count, anserini_ready=ready)
 
 
-def stream_hash(name: str, paths: tuple[str, ...], log=None, shape: dict | None = None) -> tuple[str, int]:
+def stream_hash(name: str, paths: tuple[str, ...], log=None, shape: dict | None = None, tee=None) -> tuple[str, int]:
     """The corpus hash, streamed: the same value as `stable_hash("corpus", pids, titles, texts)` over the whole
     corpus (core/hashing.py: sha256 of the JSON of the three lists), without holding them. The ids go to the
     hash as they come; titles and texts are spooled to two temporary files and appended after them. Every row is
-    checked on the way (tasks: core/datasets.py `iter_corpus`), duplicate ids too, in 8 bytes a passage."""
+    checked on the way (tasks: core/datasets.py `iter_corpus`), duplicate ids too, in 8 bytes a passage. Each batch
+    of rows goes to `tee` too, when given (Corpus.load)."""
     sha = hashlib.sha256(b'["corpus", [')
     hashes = array("Q")
     count = 0
@@ -154,6 +172,8 @@ def stream_hash(name: str, paths: tuple[str, ...], log=None, shape: dict | None 
     with tempfile.TemporaryFile(dir=spool_dir) as titles, tempfile.TemporaryFile(dir=spool_dir) as texts:
         # in batches: one hash update and one write per HASH_BATCH passages, not per passage (a third of the time)
         for batch in _batches(iter_corpus(name, list(paths), shape), HASH_BATCH):
+            if tee is not None:
+                tee(batch)
             sep = b", " if count else b""
             sha.update(sep + b", ".join([_json(pid) for _, pid, _, _ in batch]))
             titles.write(sep + b", ".join([_json(title) for _, _, title, _ in batch]))

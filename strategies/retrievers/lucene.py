@@ -8,10 +8,14 @@ here (`_declared_class`), avoiding the ~16 s import of `pyserini.search.lucene` 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
 import tempfile
 import threading
+from collections.abc import Callable, Iterator
+from json.encoder import encode_basestring_ascii as _ascii_json  # type: ignore[attr-defined]  # json.dumps' C encoder
 from pathlib import Path
 
 from core.atomic import COMPLETE_MARKER, publish_dir
@@ -32,7 +36,7 @@ def lucene_index(corpus: Corpus, index_root: Path, threads: int = 2, log=print) 
     if not corpus.built_here:
         assert corpus.index_dir is not None
         return corpus.index_dir
-    target = index_root / f"bm25-{corpus.passages_hash}"
+    target = _built_index(index_root, corpus.passages_hash)
     if not (target / COMPLETE_MARKER).exists():
         _build(corpus, target, index_root, threads, log)
     from engines.java import keep_start_cache, start_cache_wanted
@@ -43,38 +47,177 @@ def lucene_index(corpus: Corpus, index_root: Path, threads: int = 2, log=print) 
     return target
 
 
-def _build(corpus: Corpus, target: Path, index_root: Path, threads: int, log) -> None:
-    """Stream the passages into one JSON-lines file Anserini indexes (`contents` is "title\\ntext", the raw document
-    stored), then publish the index. Memory stays flat: one passage at a time, and Lucene's own buffers."""
+def _built_index(index_root: Path, passages_hash: str) -> Path:
+    return index_root / f"bm25-{passages_hash}"
+
+
+# passage files always converted for Anserini (a JSON-lines file may be its input as it is: known once read)
+INDEXED_WHILE_NAMED = ("squad-paragraphs", "dpr-tsv")
+
+
+def load_with_index(name: str, paths: tuple[str, ...], faiss: str | None, index_root: Path, threads: int = 2,
+                    log=print) -> Corpus:
+    """The corpus (Corpus.load), for a caller that is about to search it. Passage files this machine has not named
+    yet are read once for both: the read that names them by their content also feeds Anserini's indexer, the index
+    published under the hash that read gives. Otherwise the corpus as Corpus.load gives it (its index built, when
+    missing, by `lucene_index`)."""
+    if name not in INDEXED_WHILE_NAMED or Corpus.named(name, paths):
+        return Corpus.load(name, paths, faiss, log=log)
     from engines.java import ensure_jvm
 
     ensure_jvm()
-    from jnius import autoclass
+    index_root.mkdir(parents=True, exist_ok=True)
+    log(f"building the Lucene index of the {name} corpus as it is read (one time) ...")
+    work = Path(tempfile.mkdtemp(prefix=".bm25-build-", dir=index_root))
+    fed = [0]
 
+    def read(write) -> Corpus:  # the corpus's one read, each batch of rows also encoded for Anserini
+        def tee(rows: list[tuple[int, str, str, str]]) -> None:
+            fed[0] += len(rows)
+            write(b"".join(anserini_lines((pid, title, text) for _, pid, title, text in rows)))
+
+        return Corpus.load(name, paths, faiss, log=log, tee=tee)
+
+    try:
+        docs, index_dir = work / "docs", work / "index"
+        docs.mkdir()
+        with PipeFeed(docs / "corpus.jsonl", read) as feed:
+            _index_collection(docs, index_dir, threads)
+        corpus = feed.result
+        target = _built_index(index_root, corpus.passages_hash)
+        if fed[0] == corpus.passages and not (target / COMPLETE_MARKER).exists():  # named meanwhile: not fed
+            publish_dir(index_dir, target, corpus.passages_hash)
+            log(f"Lucene index ready: {target}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return corpus
+
+
+def _build(corpus: Corpus, target: Path, index_root: Path, threads: int, log) -> None:
+    """Index the passages with Anserini's JsonCollection (`contents` is "title\\ntext", the raw document stored), then
+    publish the index. A JSON-lines file already in Anserini's shape is read in place; any other corpus is converted
+    as Lucene indexes it, into a named pipe Anserini reads as its one file (`PipeFeed`): no pass over the corpus
+    before the build, nothing written to disk but the index. Memory stays flat: a batch of passages, and Lucene's
+    own buffers."""
+    from engines.java import ensure_jvm
+
+    ensure_jvm()
     index_root.mkdir(parents=True, exist_ok=True)
     log(f"building the Lucene index of {corpus_label(corpus)} (one time) ...")
     work = Path(tempfile.mkdtemp(prefix=".bm25-build-", dir=index_root))
     try:
-        docs = work / "docs"
+        docs, index_dir = work / "docs", work / "index"
         docs.mkdir()
         given = resolve_data_path(corpus.paths[0])
         if corpus.anserini_ready and given.suffix == ".jsonl":  # already Anserini's input: read in place, not rewritten
             (docs / "corpus.jsonl").symlink_to(given)
+            _index_collection(docs, index_dir, threads)
         else:
-            with (docs / "corpus.jsonl").open("w", encoding="utf-8") as fh:
-                for pid, title, text in corpus.stream():
-                    # a title's own line breaks would move the title/text boundary of the stored document
-                    fh.write(json.dumps({"id": pid, "contents": f"{title.replace(chr(10), ' ')}\n{text}"}) + "\n")
-        index_dir = work / "index"
-        autoclass("io.anserini.index.IndexCollection").main(
-            ["-collection", "JsonCollection", "-input", str(docs), "-index", str(index_dir),
-             "-generator", "DefaultLuceneDocumentGenerator", "-threads", str(threads),
-             "-storePositions", "-storeDocvectors", "-storeRaw", "-quiet"]
-        )  # fmt: skip
+            def produce(write: Callable[[bytes], object]) -> None:
+                for chunk in anserini_lines(corpus.stream()):
+                    write(chunk)
+
+            with PipeFeed(docs / "corpus.jsonl", produce):
+                _index_collection(docs, index_dir, threads)
         publish_dir(index_dir, target, corpus.passages_hash)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     log(f"Lucene index ready: {target}")
+
+
+def _index_collection(docs: Path, index_dir: Path, threads: int) -> None:
+    """Anserini's IndexCollection over the JSON-lines files in `docs`: positions, doc vectors and raw documents, as
+    `python -m pyserini.index.lucene` builds them (pyjnius releases the GIL while Java runs: a feed thread runs)."""
+    from jnius import autoclass
+
+    autoclass("io.anserini.index.IndexCollection").main(
+        ["-collection", "JsonCollection", "-input", str(docs), "-index", str(index_dir),
+         "-generator", "DefaultLuceneDocumentGenerator", "-threads", str(threads),
+         "-storePositions", "-storeDocvectors", "-storeRaw", "-quiet"]
+    )  # fmt: skip
+
+
+FEED_BATCH = 4096  # passages encoded and written at a time
+
+
+def anserini_lines(passages: Iterator[tuple[str, str, str]]) -> Iterator[bytes]:
+    """(pid, title, text) as JsonCollection lines `{"id": pid, "contents": "title\\ntext"}`, byte for byte what
+    json.dumps writes (ASCII escapes), a batch at a time. A title's own line breaks would move the title/text
+    boundary of the stored document: they become spaces."""
+    batch: list[str] = []
+    for pid, title, text in passages:
+        contents = f"{title.replace(chr(10), ' ')}\n{text}"
+        batch.append(f'{{"id": {_ascii_json(pid)}, "contents": {_ascii_json(contents)}}}\n')
+        if len(batch) == FEED_BATCH:
+            yield "".join(batch).encode("ascii")
+            batch = []
+    if batch:
+        yield "".join(batch).encode("ascii")
+
+
+class _Stopped(Exception):
+    """The reader is gone: the producer is told so at its next write."""
+
+
+class PipeFeed:
+    """A named pipe that a reader (Anserini's indexer) opens as a file, written by `produce(write)` in a thread of its
+    own while the reader consumes it, on the other core; what `produce` returns is `result`. On leaving, a reader
+    that stopped early, or never opened the pipe, is found out: the producer is released (its next write raises,
+    the pipe is drained meanwhile) and the build fails, as it does when producing failed (a malformed row: its
+    DatasetError)."""
+
+    def __init__(self, path: Path, produce: Callable[[Callable[[bytes], object]], object]):
+        os.mkfifo(path)
+        self.path, self.produce = path, produce
+        self.result: object = None
+        self.error: BaseException | None = None
+        self.complete = False
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="anserini-feed", daemon=True)
+
+    def __enter__(self) -> PipeFeed:
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            with open(self.path, "wb", buffering=1 << 20) as out:  # waits for the reader to open the pipe
+
+                def write(chunk: bytes) -> None:
+                    if self.stop.is_set():
+                        raise _Stopped
+                    out.write(chunk)
+
+                self.result = self.produce(write)
+            self.complete = True
+        except (_Stopped, BrokenPipeError) as exc:  # the reader left before the end: not complete
+            if exc.__context__ is not None and not isinstance(exc.__context__, (_Stopped, BrokenPipeError)):
+                self.error = exc.__context__  # producing failed first; closing the pipe then found the reader gone
+        except BaseException as exc:
+            self.error = exc
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self.thread.is_alive():
+            self._release()
+        self.thread.join()
+        if exc_type is not None:
+            return
+        if self.error is not None:
+            raise self.error
+        if not self.complete:
+            raise CorpusError(f"the Lucene indexer stopped before reading every passage from {self.path}")
+
+    def _release(self) -> None:
+        """Open the pipe's reading end ourselves and drain it until the producer, told to stop, has left."""
+        self.stop.set()
+        fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            while self.thread.is_alive():
+                with contextlib.suppress(BlockingIOError):
+                    os.read(fd, 1 << 20)
+                self.thread.join(0.05)
+        finally:
+            os.close(fd)
 
 
 def declared_class(java_name: str, constructor: str, **methods: str | list[str]) -> type:
