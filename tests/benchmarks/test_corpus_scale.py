@@ -10,6 +10,9 @@ same file is read by ragledger (`corpus: {name: jsonl}`) and by Pyserini's own i
 - a 100-question `ragledger run` (SQuAD dev questions, bm25@5, Concatenation, a scripted OpenAI-compatible server
   answering at once) and the same command again, answered from the store: time and peak RSS of each (target: the
   first run's peak RSS grows by less than 300 MB from 20,963 to 5 M passages).
+And `ragledger index` over the same N passages in DPR's psgs_w100.tsv layout (`corpus: {name: dpr-tsv}`, gzipped,
+text and title quoted), beside Pyserini's indexer over the JSON lines in the same test: time, peak RSS and their
+ratio (target <= 1.15; `-k dpr_tsv` runs these alone).
 Peak RSS is the largest resident set of the command's processes (getrusage of the waited-for children, which
 `ragledger run`'s Prefect server and model-call process are too).
 
@@ -97,6 +100,46 @@ def synthetic_corpus(n: int) -> Path:
     return folder
 
 
+def dpr_tsv_corpus(n: int) -> Path:
+    """The same N passages (ids, titles, texts) in DPR's psgs_w100.tsv layout, gzipped: a header `id<TAB>text<TAB>title`,
+    the text and the title in double quotes (inner quotes doubled), as DPR's file quotes them. Beside the JSON-lines
+    folder, not in it (Pyserini's JsonCollection reads every file of its folder). Made once, kept."""
+    path = WORK / f"corpus-{n}-tsv" / "psgs_w100.tsv.gz"
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    quote = lambda s: '"' + s.replace('"', '""') + '"'  # noqa: E731
+    tmp = path.with_suffix(".part")
+    with (synthetic_corpus(n) / "passages.jsonl").open(encoding="utf-8") as src, \
+            gzip.open(tmp, "wt", encoding="utf-8", compresslevel=6) as out:
+        out.write("id\ttext\ttitle\n")
+        for line in src:
+            obj = json.loads(line)
+            title, _, text = obj["contents"].partition("\n")
+            out.write(f"{obj['id']}\t{quote(text)}\t{quote(title)}\n")
+    tmp.rename(path)
+    return path
+
+
+def fresh_workspace(name: str) -> tuple[Path, dict]:
+    """An empty folder and the environment of a machine ragledger has run on, before this corpus."""
+    ws = WORK / name
+    shutil.rmtree(ws, ignore_errors=True)
+    ws.mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")} | {
+        "RAGLEDGER_HOME": str(ws / "home"),  # nothing kept from an earlier run: the corpus is read afresh
+        "RAGLEDGER_INDEX_DIR": str(ws / "indexes")}
+    seed_machine(ws / "home")
+    return ws, env
+
+
+def pyserini_indexer(corpus_dir: Path, index: Path, env: dict) -> dict:
+    """Pyserini's own indexer over the JSON-lines folder, with what ragledger's index holds."""
+    return measure([sys.executable, "-c", PYSERINI_INDEXER, "--collection", "JsonCollection", "--input", str(corpus_dir),
+                    "--index", str(index), "--generator", "DefaultLuceneDocumentGenerator", "--threads", "2",
+                    "--storePositions", "--storeDocvectors", "--storeRaw"], REPO, env)
+
+
 def seed_machine(home: Path) -> None:
     """A machine ragledger has run on before: its models and the JVM's start-up cache (trained once per machine, on
     the first index build) are there, the corpus is new. Linked from this machine's cache home."""
@@ -108,9 +151,9 @@ def seed_machine(home: Path) -> None:
             (home / name).symlink_to(cache_home() / name)
 
 
-def write_spec(ws: Path, corpus: Path, base_url: str) -> Path:
+def write_spec(ws: Path, corpus: Path, base_url: str, kind: str = "jsonl") -> Path:
     spec = {"name": "scale", "dataset": {"name": "squad", "path": "squad/dev-v1.1.json.gz", "limit": QUESTIONS, "seed": 0},
-            "corpus": {"name": "jsonl", "paths": [str(corpus)]}, "retrievers": ["bm25@5"], "readers": ["concatenation"],
+            "corpus": {"name": kind, "paths": [str(corpus)]}, "retrievers": ["bm25@5"], "readers": ["concatenation"],
             "model": {"backend": "openai", "name": "scripted", "base_url": base_url, "concurrency": 8},
             "execution": {"shard_size": 25}}
     path = ws / "spec.yaml"
@@ -123,17 +166,8 @@ def write_spec(ws: Path, corpus: Path, base_url: str) -> Path:
 def test_corpus_scale(benchmark, record_result, n):
     corpus_dir = synthetic_corpus(n)
     corpus = corpus_dir / "passages.jsonl"
-    ws = WORK / f"ws-{n}"
-    shutil.rmtree(ws, ignore_errors=True)
-    ws.mkdir(parents=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")} | {
-        "RAGLEDGER_HOME": str(ws / "home"),  # nothing kept from an earlier run: the corpus is read afresh
-        "RAGLEDGER_INDEX_DIR": str(ws / "indexes")}
-    seed_machine(ws / "home")
-    pyserini = measure([sys.executable, "-c", PYSERINI_INDEXER, "--collection", "JsonCollection", "--input",
-                        str(corpus_dir), "--index", str(ws / "pyserini-index"), "--generator",
-                        "DefaultLuceneDocumentGenerator", "--threads", "2", "--storePositions", "--storeDocvectors",
-                        "--storeRaw"], REPO, env)
+    ws, env = fresh_workspace(f"ws-{n}")
+    pyserini = pyserini_indexer(corpus_dir, ws / "pyserini-index", env)
     with ScriptedServer(answer=lambda *_: "Denver Broncos") as server:
         spec = write_spec(ws, corpus, server.base_url)
         index = measure([RAGLEDGER, "index", "--spec", str(spec)], ws, env)
@@ -150,3 +184,25 @@ def test_corpus_scale(benchmark, record_result, n):
     }
     benchmark.extra_info.update(figures)
     record_result(f"corpus_{n}", figures)
+
+
+@pytest.mark.timeout(6 * 3600)
+@pytest.mark.parametrize("n", SIZES)
+def test_dpr_tsv_index(benchmark, record_result, n):
+    """`ragledger index` over the N passages in DPR's TSV layout (gzipped, quoted), against Pyserini's indexer over the
+    same passages as JSON lines, side by side: the TSV is converted as Lucene indexes it (target <= 1.15)."""
+    corpus_dir, tsv = synthetic_corpus(n), dpr_tsv_corpus(n)
+    ws, env = fresh_workspace(f"ws-tsv-{n}")
+    pyserini = pyserini_indexer(corpus_dir, ws / "pyserini-index", env)
+    spec = write_spec(ws, tsv, "http://127.0.0.1:9/v1", kind="dpr-tsv")  # no model is called by `ragledger index`
+    index: dict = {}
+    benchmark.pedantic(lambda: index.update(measure([RAGLEDGER, "index", "--spec", str(spec)], ws, env)),
+                       rounds=1, iterations=1)
+    figures = {
+        "passages": n, "tsv_gz_mb": round(tsv.stat().st_size / 2**20),
+        "pyserini_index_s": round(pyserini["seconds"], 1), "pyserini_index_peak_rss_mb": round(pyserini["peak_rss_mb"]),
+        "ragledger_index_tsv_s": round(index["seconds"], 1), "ragledger_index_peak_rss_mb": round(index["peak_rss_mb"]),
+        "index_time_ratio": round(index["seconds"] / pyserini["seconds"], 3),
+    }
+    benchmark.extra_info.update(figures)
+    record_result(f"dpr_tsv_{n}", figures)
