@@ -12,6 +12,7 @@ from prefect import flow
 
 from flows.plan import FLOW_VERSION
 from flows.sweep import run_spec
+from schemas.spec import parse_spec
 
 
 @flow(name="ragledger-scheduled", version=FLOW_VERSION)
@@ -20,4 +21,4 @@ def scheduled_experiment(spec_dict: dict, store_root: str, tracking_uri: str, ru
     """What a `ragledger schedule` deployment runs: the experiment (or, for a list of datasets, the sweep) as a
     subflow, on the runner asked for (a deployment re-imports its flow by entrypoint, so the task runner is
     chosen here, at run time)."""
-    return run_spec(spec_dict, store_root, tracking_uri=tracking_uri, runner=runner, workers=workers)
+    return run_spec(parse_spec(spec_dict), store_root, tracking_uri=tracking_uri, runner=runner, workers=workers)

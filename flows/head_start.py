@@ -2,7 +2,8 @@
 
 `ragledger run` needs Prefect's temporary API server (seconds to start) and Prefect's imports before its flow can
 run a task. Meanwhile a head start, in a thread, does what the flow would do first, with the flow's own functions:
-it plans the run (flows/prepare.py `plan_run`: the questions sampled, the plan), then retrieves the plan's retrieve
+it plans the run (flows/prepare.py `plan_run`: the questions sampled, the plan; a rerun comes planned already, by
+flows/launch.py asking the store for a cached answer), then retrieves the plan's retrieve
 stages in the plan's order (`ExperimentPlan.retrieval_order`) with the retrieve stage's function (tasks/retrieve.py
 `retrieve_rows`); for an endpoint that is already up (OpenAI, a vLLM server, `--base-url`) each part of a shard, once
 retrieved, has its round-1 calls planned by the generate stage (tasks/generate.py `plan_round`) and sent
@@ -54,6 +55,7 @@ class HeadStart:
     __slots__ = (
         "_lock",
         "_open",
+        "_planned",
         "_prepared",
         "_retrievals",
         "first_calls_sent",
@@ -65,8 +67,10 @@ class HeadStart:
         "url",
     )
 
-    def __init__(self, spec: ExperimentSpec, store_root: str, base_url: str | None) -> None:
+    def __init__(self, spec: ExperimentSpec, store_root: str, base_url: str | None,
+                 planned: PreparedRun | None = None) -> None:
         self.spec, self.store_root = spec, store_root
+        self._planned = planned  # the run as planned before the head start began (flows/launch.py), if it was
         self.url = _up_already(spec, base_url)  # the endpoint, when it is up before the flow: calls are sent early
         self.started_at = time.perf_counter()  # the run's work started here, not with the flow
         # set once the first shard's calls are sent (or the head start ended without): `ragledger run` starts
@@ -84,15 +88,17 @@ class HeadStart:
         self.thread = threading.Thread(target=self._run, name="ragledger-head-start", daemon=True)
 
     @classmethod
-    def begin(cls, spec: AnySpec, store_root: str, runner: str | None, base_url: str | None = None) -> HeadStart | None:
+    def begin(cls, spec: AnySpec, store_root: str, runner: str | None, base_url: str | None = None,
+              planned: PreparedRun | None = None) -> HeadStart | None:
         """The head start of a thread-runner experiment, begun in its thread; None when there is nothing to begin.
-        When it sends calls, returns once the first ones left: Prefect's server and imports, which come next, would
-        take half of 2 cores and the GIL from them."""
+        `planned`: the run, when it was planned already (it is not planned again). When it sends calls, returns once
+        the first ones left: Prefect's server and imports, which come next, would take half of 2 cores and the GIL
+        from them."""
         if not isinstance(spec, ExperimentSpec) or spec.dataset.closed_book_filter:
             return None
         if (runner or spec.execution.runner) != "thread" or spec.execution.scheduler_address:
             return None
-        head = cls(spec, store_root, base_url)
+        head = cls(spec, store_root, base_url, planned)
         head.thread.start()
         if head.url is not None:
             head.first_calls_sent.wait(timeout=60)
@@ -139,7 +145,8 @@ class HeadStart:
             from flows.prepare import plan_run
 
             self.head_start_calls = HeadStartCalls()
-            prepared = plan_run(self.spec, self.store_root, head_start=self)
+            prepared = (self._planned.met_by(self) if self._planned is not None
+                        else plan_run(self.spec, self.store_root, head_start=self))
             persisted = _persisted_check(prepared.run.questions_segment)  # before the flow may store it
             self._prepared.set_result(prepared)
             self._retrieve(prepared, persisted, first_in_store)

@@ -4,6 +4,7 @@ start planned here before Prefect was up (flows/head_start.py) and stores it; no
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from typing import NamedTuple
 
@@ -19,6 +20,10 @@ class PreparedRun(NamedTuple):
     plan: ExperimentPlan
     run: RunContext
     questions: list[Question]
+
+    def met_by(self, head_start: HeadStartView) -> PreparedRun:
+        """The same run, its tasks meeting `head_start` (one given the run planned before it began)."""
+        return self._replace(run=dataclasses.replace(self.run, head_start=head_start))
 
 
 def plan_run(spec: ExperimentSpec, store_root: str, head_start: HeadStartView | None = None) -> PreparedRun:

@@ -18,7 +18,7 @@ from flows.execute import run_experiment
 from flows.head_start import HeadStart
 from flows.plan import FLOW_VERSION
 from flows.runners import without_default_heartbeats
-from schemas.spec import AnySpec, ExperimentSpec, SweepSpec, parse_spec
+from schemas.spec import AnySpec, SweepSpec
 from tracking.mlflow.sync import MlflowLoggingPending
 
 # the run-summary counters a sweep adds up over its experiments
@@ -65,15 +65,13 @@ def sweep_flow(spec: SweepSpec, store_root: str, tracking_uri: str | None = None
     return asdict(summary)
 
 
-def run_spec(spec: AnySpec | dict, store_root: str, base_url: str | None = None, tracking_uri: str | None = None,
+def run_spec(spec: AnySpec, store_root: str, base_url: str | None = None, tracking_uri: str | None = None,
              runner: str | None = None, workers: int | None = None, scheduler_address: str | None = None,
              head_start: HeadStart | None = None) -> dict:
     """A spec with one dataset runs as an experiment (its RunSummary); with a list of datasets, as a sweep
     (a SweepSummary, whose `experiments` holds each RunSummary). Raises MlflowLoggingPending (its `summary` the
     summary) when MLflow did not take some experiment's logging: every experiment ran and stored its events.
-    The typed spec is passed on as it is; a dict (a deployment's parameters) is parsed here, once. `head_start`: an
-    experiment's, begun before Prefect was up (flows/head_start.py)."""
-    spec = spec if isinstance(spec, ExperimentSpec | SweepSpec) else parse_spec(spec)
+    `head_start`: an experiment's, begun before Prefect was up (flows/head_start.py)."""
     if isinstance(spec, SweepSpec):
         with without_default_heartbeats():
             summary = sweep_flow(spec, store_root, tracking_uri, base_url, runner, workers, scheduler_address)

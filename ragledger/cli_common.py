@@ -1,5 +1,5 @@
 """What every `ragledger` command module shares: the two consoles, the one-line error exit, the user-error classes
-the input preflight and the stage progress bars. Every ragledger/cli*.py module imports it; it imports none of them."""
+and the stage progress bars. Every ragledger/cli*.py module imports it; it imports none of them."""
 
 from __future__ import annotations
 
@@ -23,8 +23,6 @@ INDEXES_HELP = ("indexes are not kept beside it: they go to $RAGLEDGER_INDEX_DIR
 
 if TYPE_CHECKING:
     from rich.progress import Progress
-
-    from schemas.spec import AnySpec, CorpusSpec
 
 # wide enough for the results table when output goes to a file or CI log
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -71,49 +69,6 @@ def usage_error(message: str) -> BaseException:
     from schemas.spec import SpecError
 
     return SpecError(message)
-
-
-def check_corpus(spec: CorpusSpec) -> None:
-    """The corpus as given: its files read and hashed (once per file, strategies/retrievers/corpus.py), or its index
-    opened and its stored documents checked; and its FAISS directory, when it names one."""
-    from strategies.retrievers.corpus import Corpus
-
-    corpus = Corpus.of_spec(spec, log=lambda line: err.print(line, highlight=False))
-    if not corpus.built_here:
-        from strategies.retrievers.lucene import PassageStore
-
-        PassageStore.given(corpus)
-
-
-def preflight(spec: AnySpec) -> None:
-    """Check every input before anything is written or any model is called (every dataset of a sweep)."""
-    from core.datasets import DatasetError, load_questions
-    from schemas.spec import SweepSpec
-    from strategies.retrievers import parse_retriever
-
-    for i, experiment in enumerate(spec.expand()):
-        try:
-            load_questions(experiment.dataset.name, experiment.dataset.path)
-        except DatasetError as exc:
-            where = f"dataset[{i}]" if isinstance(spec, SweepSpec) else "dataset"
-            raise DatasetError(f"{where}.path: {exc}") from None
-    if any(parse_retriever(r).needs_corpus for r in spec.retrievers):
-        check_corpus(spec.corpus)
-    if spec.model.backend == "openai":
-        from engines.llm import api_key_from_env
-
-        api_key_from_env(spec.model.api_key_env)
-    else:
-        from engines.models import bundled_model
-
-        bundled_model(spec.model.embedded_model)  # a former name is told the current one (ModelFetchError)
-    if not spec.tracking.mlflow_uri:  # the URI the run would use instead (the spec's own is checked with the spec)
-        import os
-
-        from core.secrets import refuse_credentials
-
-        refuse_credentials(os.environ.get("MLFLOW_TRACKING_URI"), "MLFLOW_TRACKING_URI", "MLflow reads them from "
-                           "MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD (an MLflow server) or PGPASSWORD (PostgreSQL)")
 
 
 @contextlib.contextmanager

@@ -10,7 +10,8 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from ragledger.cli_common import DEFAULT_STORE, checked_store, console, fail, preflight, usage_error, user_errors
+from flows.launch import preflight
+from ragledger.cli_common import DEFAULT_STORE, checked_store, console, fail, usage_error, user_errors
 
 server_app = typer.Typer(help="The long-running local Prefect server (schedules, flow-run history, Prefect UI).",
                          no_args_is_help=True)

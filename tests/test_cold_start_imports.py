@@ -40,17 +40,18 @@ def test_the_run_path_imports_nothing_heavy():
 
 def test_a_first_run_imports_no_pandas_before_its_head_start(tmp_path):
     """`ragledger run` names its user errors, loads and checks the spec (retriever names, dataset, API key), checks
-    where it will write and looks for a cached answer before its head start starts the JVM and reads the corpus
+    where it will write and looks for a cached answer (flows/launch.py) before its head start starts the JVM and reads the corpus
     (flows/head_start.py); pandas, pyarrow and pandera are imported there, beside the JVM's start, not before it on the
     way to the first model call. The command runs as a user starts it, in an empty directory, stopped where the
     head start would begin."""
     script = ("import json, os, sys\n"
               "import ragledger.cli as cli\n"
+              "from flows.head_start import HeadStart\n"
               "def stop(*args, **kwargs):\n"
               "    heavy = {m.split('.')[0] for m in sys.modules} & {'pandas', 'pyarrow', 'pandera'}\n"
               "    print(json.dumps(sorted(heavy)), flush=True)\n"
               "    os._exit(0)  # skips the interpreter's flush: the line above flushes itself (stdout is a pipe)\n"
-              "cli._begin_head_start = stop\n"
+              "HeadStart.begin = stop\n"
               f"sys.argv = ['ragledger', 'run', {str(REPO / 'configs' / 'demo.yaml')!r}]\n"
               "cli.main()\n")
     proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True,

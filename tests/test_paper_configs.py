@@ -98,7 +98,7 @@ def test_a_paper_config_names_its_papers_corpus_and_says_what_to_give_when_it_is
     paragraphs. Where the corpus is absent (here) a run stops before writing anything with one error that says what to
     give and how; the header's embedded command names the SQuAD substitution."""
     from core.datasets import DatasetError
-    from ragledger.cli_common import preflight
+    from flows.launch import preflight
 
     spec = load_spec(path)
     names = {e.dataset.name for e in spec.expand()}

@@ -115,7 +115,7 @@ def test_retrievers_config_is_the_seed_002_pool_over_squad_and_nq():
     assert [(e.name, e.dataset.name, e.dataset.path, e.dataset.limit) for e in spec.expand()] == [
         ("retrievers.squad", "squad", "squad/dev-v1.1.json.gz", 25),
         ("retrievers.nq-open", "nq-open", "nq-open/NQ-open.dev.jsonl", 25)]
-    from ragledger.cli import preflight
+    from flows.launch import preflight
 
     preflight(spec)  # both datasets and the corpus are there
 
@@ -146,7 +146,7 @@ def test_sweep_runs_each_dataset_as_an_experiment_with_one_endpoint(tmp_path, da
         monkeypatch.setattr("engines.embedded.embedded_server", embedded_server)
         spec = sweep_spec(tmp_path, {"backend": "embedded", "embedded_model": DEFAULT_MODEL, "concurrency": 4})
         store, uri = spec["tracking"]["store"], spec["tracking"]["mlflow_uri"]
-        first = run_spec(spec, store, tracking_uri=uri)
+        first = run_spec(parse_spec(spec), store, tracking_uri=uri)
         assert starts == [DEFAULT_MODEL]  # started once for both experiments
         assert [e["experiment"] for e in first["experiments"]] == ["sw.squad", "sw.nq-open"]
         assert [e["questions"] for e in first["experiments"]] == [3, 3]

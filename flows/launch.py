@@ -1,0 +1,159 @@
+"""`ragledger run` below the command line: one entry from a parsed spec to its run summary.
+
+It checks the spec's inputs (nothing is written before), then takes one of three routes, planning the run once
+whichever it takes:
+- answered from the store (flows/cached.py) when this exact run is there already: nothing starts;
+- begun ahead (flows/head_start.py) while the Prefect API starts, then the flow, which runs the run begun;
+- the flow alone: a sweep, the closed-book filter, the Dask runner (flows/sweep.py `run_spec`).
+A rerun is planned here to ask the store, and that plan is the one the head start and the flow run; a first run is
+planned by its head start, beside the search engines' start. What belongs to the command (its terminal, run log and
+the Prefect API server it starts) comes in as a `Host`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from flows.prepare import PreparedRun
+    from schemas.spec import AnySpec, CorpusSpec
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What the command line adds to a spec for one run (each None: the spec's own)."""
+
+    store_root: str
+    base_url: str | None = None
+    runner: str | None = None
+    workers: int | None = None
+    scheduler: str | None = None
+
+
+class Host(Protocol):
+    """What the command running the spec provides (ragledger/cli.py)."""
+
+    def say(self, line: str) -> None:
+        """A line for the user while the inputs are checked (a corpus read the first time takes a while)."""
+
+    def running(self, spec: AnySpec) -> AbstractContextManager[None]:
+        """Entered once the run goes to the flow, before anything starts: the run log, Prefect's home, progress."""
+
+    def prefect_api(self, meanwhile: Callable[[], None]) -> AbstractContextManager[str]:
+        """The Prefect API for the flow; `meanwhile` runs while its server starts."""
+
+
+def launch(spec: AnySpec, options: RunOptions, host: Host) -> dict[str, Any]:
+    """The run summary of `spec` (a sweep's: one per experiment), answered from the store or run. Raises the
+    errors of the inputs (before anything is written) and of the run."""
+    preflight(spec, host.say)
+    started = time.perf_counter()
+    planned = _planned_rerun(spec, options)
+    if planned is not None:
+        from flows.cached import answered
+
+        answer = answered(planned.plan, started)
+        if answer is not None:
+            return answer
+    from flows.head_start import HeadStart
+
+    with host.running(spec):
+        head_start = HeadStart.begin(spec, options.store_root, options.runner, options.base_url, planned)
+        with host.prefect_api(_import_flow_modules):
+            from flows.sweep import run_spec
+
+            return run_spec(spec, options.store_root, base_url=options.base_url, runner=options.runner,
+                            workers=options.workers, scheduler_address=options.scheduler, head_start=head_start)
+
+
+def _planned_rerun(spec: AnySpec, options: RunOptions) -> PreparedRun | None:
+    """The run planned, when the store may already hold it; None (nothing planned here) for a first run, whose head
+    start plans it beside the search engines' start. The cached answer is an optimisation: in any doubt the flow
+    plans and reports the error itself."""
+    if not _may_be_answered(spec, options):
+        return None
+    from flows.prepare import plan_run
+
+    try:
+        return plan_run(spec, options.store_root)  # type: ignore[arg-type]  (an experiment: _may_be_answered)
+    except Exception:
+        return None
+
+
+def _may_be_answered(spec: AnySpec, options: RunOptions) -> bool:
+    """Whether the store may answer this run, told without planning it or importing pandas: not with a run option
+    that changes what it would answer (the endpoint, the runner), not for a sweep, nor for a spec with the closed-book
+    filter (which questions it drops is known only from its model answers), nor on a first run (no manifest yet),
+    nor while some execution's MLflow logging is pending (the flow syncs it); RAGLEDGER_CACHED_ANSWER=0: never."""
+    import os
+
+    from core.paths import StoreLayout
+    from schemas.spec import ExperimentSpec
+
+    if options.base_url is not None or options.runner is not None or os.environ.get("RAGLEDGER_CACHED_ANSWER") == "0":
+        return False
+    if not isinstance(spec, ExperimentSpec) or spec.dataset.closed_book_filter:
+        return False
+    if not StoreLayout.of(options.store_root).manifests(spec.name):
+        return False
+    from tracking.mlflow.sync import pending_markers
+
+    try:
+        return not pending_markers(options.store_root)
+    except OSError:
+        return False
+
+
+def _import_flow_modules() -> None:
+    """The flow modules' imports (Prefect, pandas, pandera: seconds on a cold start), done while Prefect's temporary
+    server starts in its own process. Nothing heavier is imported before the first model call: torch, transformers
+    and sentence-transformers never, MLflow inside the functions that use it (tests/test_cold_start_imports.py)."""
+    import flows.sweep  # noqa: F401
+
+
+def preflight(spec: AnySpec, say: Callable[[str], None] | None = None) -> None:
+    """Check every input before anything is written or any model is called: the corpus, the API key (then scrubbed
+    from whatever is shown: core/secrets.py), every dataset of a sweep, the MLflow URI the run would use."""
+    import os
+
+    from core.datasets import DatasetError, load_questions
+    from core.secrets import mark_secret_env, refuse_credentials
+    from schemas.spec import SweepSpec
+    from strategies.retrievers import parse_retriever
+
+    if any(parse_retriever(r).needs_corpus for r in spec.retrievers):
+        check_corpus(spec.corpus, say)
+    if spec.model.backend == "openai":
+        from engines.llm import api_key_from_env
+
+        api_key_from_env(spec.model.api_key_env)
+    else:
+        from engines.models import bundled_model
+
+        bundled_model(spec.model.embedded_model)  # a former name is told the current one (ModelFetchError)
+    for i, experiment in enumerate(spec.expand()):
+        try:
+            load_questions(experiment.dataset.name, experiment.dataset.path)
+        except DatasetError as exc:
+            where = f"dataset[{i}]" if isinstance(spec, SweepSpec) else "dataset"
+            raise DatasetError(f"{where}.path: {exc}") from None
+    if not spec.tracking.mlflow_uri:  # the URI the run would use instead (the spec's own is checked with the spec)
+        refuse_credentials(os.environ.get("MLFLOW_TRACKING_URI"), "MLFLOW_TRACKING_URI", "MLflow reads them from "
+                           "MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD (an MLflow server) or PGPASSWORD (PostgreSQL)")
+    mark_secret_env(spec.model.api_key_env)
+
+
+def check_corpus(spec: CorpusSpec, say: Callable[[str], None] | None = None) -> None:
+    """The corpus as given: its files read and hashed (once per file, strategies/retrievers/corpus.py), or its index
+    opened and its stored documents checked; and its FAISS directory, when it names one."""
+    from strategies.retrievers.corpus import Corpus
+
+    corpus = Corpus.of_spec(spec, log=say)
+    if not corpus.built_here:
+        from strategies.retrievers.lucene import PassageStore
+
+        PassageStore.given(corpus)
