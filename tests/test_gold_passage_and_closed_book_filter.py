@@ -170,7 +170,7 @@ def test_without_the_filter_every_sampled_question_runs(workspace, prefect_harne
 
 
 def test_run_prints_the_readers_table(capsys):
-    from ragledger.cli import _print_summary
+    from ragledger.run_report import print_summary
 
     cells = {"bm25@5 · post_fusion · m": {"questions": 20, "em": 45.0, "em_ci_lo": 25.0, "em_ci_hi": 65.0, "f1": 50.5,
                                           "semantic_acc": 55.0, "unk_pct": 5.0, "nm_pct": 10.0, "recall_at_k": 80.0,
@@ -179,7 +179,7 @@ def test_run_prints_the_readers_table(capsys):
                                           "semantic_acc": float("nan"), "unk_pct": 60.0, "nm_pct": float("nan"),
                                           "recall_at_k": 0.0, "tokens_in_per_q": 90.0, "tokens_out_per_q": 3.0,
                                           "calls_per_q": 1.0}}
-    _print_summary({"experiment": "x", "questions": 20, "questions_sampled": 25, "closed_book_dropped": 5, "cells": cells,
+    print_summary({"experiment": "x", "questions": 20, "questions_sampled": 25, "closed_book_dropped": 5, "cells": cells,
                     "llm_calls": 3, "cache_hits": 0, "retries": 0, "tasks_from_cache": 0, "tasks_total": 4,
                     "wall_time_s": 1.0, "tracking_uri": "sqlite://", "mlflow_experiment_id": "1",
                     "mlflow_parent_run_id": "abc"})
