@@ -275,7 +275,7 @@ def across_cmd(
     output: OutputOpt = None,
 ) -> None:
     """Each cell's accuracy in several experiments (a sweep's datasets), sorted by the first: seed 002's
-    corpus-level figure as a table, and as a plot with --plot."""
+    corpus-level figure as a table, and as a plot with --plot. EoR cells (stored by analyze) are left out."""
     from tracking.analysis.across import accuracy_across
     from tracking.store.ledger import LedgerError
 

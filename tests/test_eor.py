@@ -220,3 +220,27 @@ def test_analyze_command_eor_pooling_option(tmp_path, prefect_harness):
     assert "eor(r1,r2,r3,r4,r5,pooling=search:" in run.output and "(searched on training accuracy)" in run.output
     run = CliRunner().invoke(app, ["analyze", "pool", "--store", str(tmp_path), "--eor-pooling", "median"])
     assert run.exit_code == 2 and "--eor-pooling must be one of mean, max, majority, plurality, search" in run.output
+
+
+def test_across_lists_retrievers_not_the_eor_cell_that_analyze_stored(tmp_path, prefect_harness):
+    """`ragledger analyze` stores the EoR cell's outcomes in the experiment (held-out questions only); seed 002's
+    corpus-level figure (`ragledger across`) then still has one row per retriever: good, bad1, bad2."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from ragledger.cli import app
+
+    outcomes = synthetic_store(tmp_path, n=120)
+    run = CliRunner().invoke(app, ["analyze", "syn", "--store", str(tmp_path), "--no-mlflow"], env={"COLUMNS": "400"})
+    assert run.exit_code == 0, run.output
+    stored = EventStore(tmp_path).read("outcomes", "syn")
+    assert stored["cell"].str.startswith("eor(").any()  # analyze ran EoR and stored its cell
+    r = CliRunner().invoke(app, ["across", "syn", "--store", str(tmp_path), "--format", "json"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout.strip().splitlines()[-1])
+    assert sorted(x["cell"] for x in rows) == ["bad1 · concatenation · m", "bad2 · concatenation · m",
+                                              "good · concatenation · m"]
+    good = outcomes[outcomes["retriever"] == "good"]["em"].mean() * 100
+    assert next(x["syn"] for x in rows if x["cell"].startswith("good")) == pytest.approx(good)
+    assert all(x["questions:syn"] == 120 for x in rows)  # every question, not EoR's held-out half
