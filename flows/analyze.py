@@ -90,7 +90,7 @@ def compute(outcomes: pd.DataFrame, experiment: str, metric: str = "em", n_resam
     for e in PER_ERRORS:
         table[f"MRLR_{e}"] = mrlr_e[e]
     shares = an.error_shares(dec, n_resamples, seed)
-    identity = pd.DataFrame([vars(c) | {"holds": c.holds} for c in an.identity_checks(dec)])
+    identity = an.identity_table(dec)
     paired_rows = []
     if pairs:
         em_wide = indicators["correct"]  # EM is 0/1

@@ -79,6 +79,9 @@ def test_decomposition_classes_and_both_accountings():
     # P(fail)=6/8, P(RE)=3/8, P(LG)=1/8, P(EE)=1/8, P(HE_literal)=3/8: 3/8 - 1/8 + 1/8 + 3/8 = 6/8
     assert chk.p_fail == 6 / 8 and chk.p_re == 3 / 8 and chk.p_he_literal == 3 / 8
     assert chk.holds and chk.residual_literal == 0 and chk.residual_own_class == 0
+    # identity.parquet names seed 002's per-retriever retrieval error: 3 of the 8 contexts lack the answer
+    (row,) = an.identity_table(an.decompose(HAND)).to_dict("records")
+    assert row["retriever_error_pct"] == 37.5 and row["p_re"] == 3 / 8 and row["holds"]
 
 
 def test_error_shares_sum_to_one_with_cis():

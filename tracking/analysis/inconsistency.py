@@ -194,6 +194,14 @@ def identity_checks(decomposed: pd.DataFrame) -> list[IdentityCheck]:
     return out
 
 
+def identity_table(decomposed: pd.DataFrame) -> pd.DataFrame:
+    """identity.parquet: one row per cell, the shares of identity_checks, `holds`, and `retriever_error_pct`, seed
+    002's retrieval error of the cell's retriever (100 * P(RE): the share of questions whose context lacks every gold
+    answer; for a reader that reads its retrieval as is, 100 - Recall@k)."""
+    return pd.DataFrame([vars(c) | {"holds": c.holds, "retriever_error_pct": 100 * c.p_re}
+                         for c in identity_checks(decomposed)])
+
+
 def error_shares(decomposed: pd.DataFrame, n_resamples: int = 1000, seed: int = 0, alpha: float = 0.05) -> pd.DataFrame:
     """Share of each error class per cell with percentile bootstrap CIs over questions.
 
