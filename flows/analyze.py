@@ -27,6 +27,8 @@ from tracking.store.ledger import Ledger, ensemble_rows
 # analysis-2: RWR / MRWR / MRLR and per-error RWR per (reader, model) group (tracking/analysis/inconsistency.py), not pooled
 ANALYSIS_VERSION = "analysis-2"
 PER_ERRORS = ("RE", "LG", "EE", "HE", "abstain")
+# the figures' names for the classes where ragledger's differs from seed 002's literal one
+ERROR_LABELS = {"HE": "HE, abstentions apart (seed 002's HE also counts an abstention with the answer in context)"}
 RWR_COLUMNS = ["reader", "model", "i", "j", "rwr"]
 PER_ERROR_COLUMNS = ["reader", "model", "error", "i", "j", "rwr"]
 
@@ -138,7 +140,7 @@ def write_outputs(res: AnalysisResult, out_dir: Path, store_root: str | Path | N
         for e in PER_ERRORS:
             pngs[f"rwr_{e}.png"] = plots.rwr_heatmaps(
                 [(g.label, _by_retriever(g, g.per_error_rwr[e]), None) for g in comparable],
-                f"{res.experiment}: RWR for error {e} (share of i's {e} that j avoids)")
+                f"{res.experiment}: RWR for error {ERROR_LABELS.get(e, e)} (share of i's {e} that j avoids)")
     pngs["error_shares.png"] = plots.error_share_bars(res.shares, res.cells)
     for name, png in pngs.items():
         put(name, png)
