@@ -125,12 +125,13 @@ def test_sure_makes_seven_calls_and_decides_by_v_plus_r_with_ties_to_first():
     assert d.scores == (1.5, 0.5) and d.chosen == "Carolina Panthers"
 
 
-def test_sure_with_three_candidates_ranks_every_pair_and_sums_eq_5():
+def test_sure_with_three_candidates_ranks_every_pair_and_averages_eq_5():
     """`candidates: 3` (seed 004 Table 6): round 1 asks for three, rounds 2-3 make 3 summaries, 3 validity checks
-    and 6 ranking calls (3 pairs, both orders), and the decision is argmax v + r with r summed over pairs (Eq. 5).
+    and 6 ranking calls (3 pairs, both orders), and the decision is argmax v + r with r Eq. 5's sum over the K - 1 = 2
+    pairs divided by 2, so v and r weigh the same (§3.3, "equally contributed").
     Hand-computed: pair (1,2) both orders name s1 -> r = (1, 0); pair (1,3) each order names its first passage
-    (order bias) -> 0.5 each; pair (2,3) only the first order readable, naming s3 -> s3 gets 1. r = (1.5, 0, 1.5);
-    validity False, False, True -> v = (0, 0, 1): scores (1.5, 0, 2.5), s3 chosen."""
+    (order bias) -> 0.5 each; pair (2,3) only the first order readable, naming s3 -> s3 gets 1. Sums (1.5, 0, 1.5),
+    means (0.75, 0, 0.75); validity False, False, True -> v = (0, 0, 1): scores (0.75, 0, 1.75), s3 chosen."""
     r, three = get_reader("sure"), ReaderSettings(candidates=3)
     (c1,) = r.plan(1, ITEM, [], three)
     assert "provide three correct candidates" in c1.prompt and "(a) xx, (b) yy, (c) zz, and should not" in c1.prompt
@@ -149,7 +150,13 @@ def test_sure_with_three_candidates_ranks_every_pair_and_sums_eq_5():
     h = [*hist, gen(3, "validity", "False"), gen(3, "validity", "False"), gen(3, "validity", "True")]
     h += [gen(3, "rank", "", output=o) for o in ("Passage 1", "Passage 2", "Passage 1", "Passage 1", "Passage 2", "no idea")]
     d = r.decide(ITEM, h, three)
-    assert d.scores == (1.5, 0.0, 2.5) and d.chosen == "Patriots" and d.candidates == ("Panthers", "Broncos", "Patriots")
+    assert d.scores == (0.75, 0.0, 1.75) and d.chosen == "Patriots" and d.candidates == ("Panthers", "Broncos", "Patriots")
+    # s1 judged invalid but winning both its pairs, s2 the only valid one: sums (2, 0.5, 0.5) + v (0, 1, 0) would
+    # pick s1 (2 > 1.5); means (1, 0.25, 0.25) + v give (1, 1.25, 0.25): the valid s2, as with two candidates
+    h = [*hist, gen(3, "validity", "False"), gen(3, "validity", "True"), gen(3, "validity", "False")]
+    h += [gen(3, "rank", "", output=o) for o in ("Passage 1", "Passage 2", "Passage 1", "Passage 2", "Passage 1", "Passage 1")]
+    d = r.decide(ITEM, h, three)
+    assert d.scores == (1.0, 1.25, 0.25) and d.chosen == "Broncos"
     # two parsed of three asked: the official two-candidate rules
     two = [gen(1, "candidates", "", output="(a) Panthers, (b) Broncos"), gen(2, "summary", "S1"), gen(2, "summary", "S2")]
     assert [c.role for c in r.plan(3, ITEM, two, three)] == ["validity", "validity", "rank", "rank"]

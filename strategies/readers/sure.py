@@ -18,9 +18,10 @@ candidates there is nothing to choose between and rounds 2-3 make no call (the o
 the answer; the official code makes the two ranking calls on 'N/A' summaries and then ties to candidate 1).
 With `candidates: 3` (Appendix B.2, Table 6) round 1 asks for three candidates with a reconstructed prompt (the
 paper prints none for K = 3 and the official code has K = 2 only: `candidates_user`), and rounds 2-3 run over the
-candidates parsed: a summary and a validity check each, every pair ranked in both orders, r(s_k) summed over the
-pairs that include s_k (Eq. 5), v(s_k) = 1 for a True verdict (Eq. 4). With two candidates the rules are the
-official ones above. Table 6's Oracle (a question counts when any candidate is right) is EM + %NM of the cell:
+candidates parsed: a summary and a validity check each, every pair ranked in both orders, r(s_k) the mean over the
+pairs that include s_k (Eq. 5's sum divided by K - 1, so that v and r contribute equally, §3.3, as in the official
+0.5 * r + 0.5 * v with r in [0, 1]), v(s_k) = 1 for a True verdict (Eq. 4). With two candidates the rules are the
+official ones above (one pair: the mean is the sum). Table 6's Oracle (a question counts when any candidate is right) is EM + %NM of the cell:
 its answer pool is the candidates (`pool_has_correct`).
 `sure_base` is the paper's Base (Listing 5, the official get_query_baseline): the passages and a 3-word answer
 instruction, one call; with no passages it is the paper's No retrieval.
@@ -295,7 +296,7 @@ def first_two_rounds(round_no: int, item: ReaderInput, history: list[Generation]
 class SuRe(Reader):
     name = "sure"
     prompt_version = PROMPT_VERSION
-    vote_version = VOTE_VERSION
+    vote_version = f"{VOTE_VERSION}+r-mean"  # r(s_k) averaged over its K - 1 pairs (the same for K = 2)
     rounds = 3
     takes_candidates = True
 
@@ -389,9 +390,12 @@ def argmax_first(scores: tuple[float, ...]) -> int:
 def sure_decision(cands: list[str], validity: list[Generation], ranks: list[Generation]) -> Decision:
     """argmax_k v_k + r_k (Eq. 6), ties to the earlier candidate. The official get_final_pred_sure computes
     0.5 * r + 0.5 * v when validity counts and r alone otherwise: the same argmax and the same ties as v + r with
-    `validity_scores` (half of it in the first case; in the second v is equal for both candidates)."""
+    `validity_scores` (half of it in the first case; in the second v is equal for both candidates). r_k is Eq. 5's
+    sum over the K - 1 pairs with s_k divided by K - 1: in [0, 1] like v, so both "equally contribute" (§3.3) at
+    K = 3 too, where the sum (0-2) would let a summary judged invalid that won both its pairs beat the only valid one."""
     v, r = validity_scores(validity), rank_scores(ranks, len(cands))
-    scores = tuple(v[i] + r[i] for i in range(len(cands)))
+    pairs = len(cands) - 1
+    scores = tuple(v[i] + r[i] / pairs for i in range(len(cands)))
     return Decision("sure", tuple(cands), scores, cands[argmax_first(scores)])
 
 
