@@ -84,6 +84,9 @@ class GenerationRecord(EventColumns):
     # the parsed answer's arithmetic mean token probability (seed 003 MODULE-2), for calls that asked for
     # log-probabilities. Optional: segments written before it read it as null
     answer_prob: Optional[Series[float]] = pa.Field(nullable=True, ge=0, le=1)  # noqa: UP045 (pandera needs Optional here)
+    # the whole output's arithmetic mean token probability, seed 003 §3.2.2's P(y | x) that MODULE-2 compares; optional
+    # like answer_prob
+    output_prob: Optional[Series[float]] = pa.Field(nullable=True, ge=0, le=1)  # noqa: UP045 (pandera needs Optional here)
     tokens_in: Series[int] = pa.Field(ge=0)
     tokens_out: Series[int] = pa.Field(ge=0)
     latency_ms: Series[float] = pa.Field(ge=0)

@@ -25,6 +25,7 @@ from strategies.readers.base import (
     ReaderInput,
     ReaderSettings,
     answer_token_prob,
+    output_token_prob,
     parse_output,
 )
 from tasks.context import llm_client_for, retriever_for
@@ -48,7 +49,7 @@ def history_by_question(generations: pd.DataFrame) -> dict[str, list[Generation]
         return out
     # the columns read, not every one: a row's `created_at` alone, made a Timestamp per row, cost more than the rest
     columns = ["qid", "round", "role", "sample_index", "passage_ids", "output", "parsed_answer", "parse_status", "logprob",
-               *(["answer_prob"] if "answer_prob" in generations else [])]
+               *(c for c in ("answer_prob", "output_prob") if c in generations)]
     for g in generations.sort_values(["round", "call_index"])[columns].itertuples(index=False):
         out.setdefault(g.qid, []).append(
             Generation(
@@ -61,6 +62,7 @@ def history_by_question(generations: pd.DataFrame) -> dict[str, list[Generation]
                 parse_status=g.parse_status,
                 mean_logprob=None if pd.isna(g.logprob) else float(g.logprob),
                 answer_prob=_optional_float(getattr(g, "answer_prob", None)),
+                output_prob=_optional_float(getattr(g, "output_prob", None)),
             )
         )
     return out
@@ -155,6 +157,7 @@ def generation_rows(
                 "parse_status": status,
                 "logprob": resp.mean_logprob,
                 "answer_prob": answer_token_prob(resp.text, resp.token_logprobs, answer) if call.logprobs else None,
+                "output_prob": output_token_prob(resp.token_logprobs) if call.logprobs else None,
                 "tokens_in": resp.tokens_in,
                 "tokens_out": resp.tokens_out,
                 "latency_ms": resp.latency_ms,

@@ -63,7 +63,8 @@ def scripted_model(system: str, prompt: str, body: dict) -> str:
         return f"Source 1 mentions it.\nAnswer: {found[0] if found else 'unknown'}"
     if "Candidate answers:" in prompt:  # PF+Concat distiller: the first candidate
         return prompt.split("Candidate answers:\n- ")[1].splitlines()[0]
-    context = prompt.split("Question:")[0] if REFINE not in prompt else prompt.split(REFINE)[0]
+    # REFEED's refine prompt: the instruction, the documents (and any initial-answer line), then the question
+    context = prompt.split("Question:")[0] if REFINE not in prompt else prompt.split(REFINE)[1].rsplit("Question:", 1)[0]
     if "capital" in prompt.split("Question:")[-1] and context.count("\n\n") >= 1:
         return "unknown"  # Concatenation is confused by two passages on the capital question
     found = [ans for key, ans in ENTITIES if key in context]
@@ -228,7 +229,7 @@ def test_refeed_module1_diverse_feedback_and_feedback_recall(workspace, prefect_
     assert "Initial answers (before reading the passages): Carolina Panthers; Denver Broncos\n" in refine.loc["q1", "prompt"]
     assert list(refine.loc["q3", "passage_ids"]) == ["c1"]  # the Everest sample's document outranks the K2 ones
     assert len(refine.loc["q1", "passage_ids"]) == 1  # merged and cut to feedback_k
-    assert set(m1["prompt_version"]) == {"003-table10-11-v2+k10+003-module1-v2"}
+    assert set(m1["prompt_version"]) == {"003-table10-11-v3+k10+003-module1-v2"}
     outcomes = query(store, "SELECT reader, qid, gold_in_feedback FROM outcomes").set_index(["reader", "qid"])
     assert outcomes.loc["concatenation", "gold_in_feedback"].isna().all()
     cells = first["cells"]
@@ -244,10 +245,10 @@ def test_refeed_module1_diverse_feedback_and_feedback_recall(workspace, prefect_
 
 def test_refeed_module2_keeps_the_answer_with_the_higher_arithmetic_mean_token_probability(workspace, prefect_harness):
     """Seed 003 MODULE-2 through the whole flow, log-probabilities served per token by the scripted server: on q1
-    the closed-book "Carolina Panthers." has answer tokens p = [0.99, 0.30] (mean 0.645; geometric 0.545) and a
-    trailing "." at 0.01 that is not part of the answer; the refined "The answer is Denver Broncos" has
-    p = [0.6, 0.6] on its answer tokens (0.6) after three tokens at 0.1. The paper's rule keeps the initial answer;
-    the geometric mean over the raw completion would have kept the refined one."""
+    the closed-book "Carolina Panthers ." has tokens p = [0.99, 0.30, 0.01], P(y | x) = 1.30 / 3 = 0.4333 over all
+    its output tokens (§3.2.2); the refined "The answer is Denver Broncos" has [0.1, 0.1, 0.1, 0.6, 0.6], P = 0.3.
+    The paper's rule keeps the initial answer; the geometric mean over the same tokens (0.144 against 0.205) would
+    have kept the refined one. answer_prob, the parsed answer's own tokens, is stored beside it: 0.645 and 0.6."""
     from flows.execute import experiment_flow
     from tracking.store.query import query
 
@@ -268,11 +269,14 @@ def test_refeed_module2_keeps_the_answer_with_the_higher_arithmetic_mean_token_p
         spec["readers"] = ["refeed", "refeed_refined"]
         experiment_flow(spec, spec["tracking"]["store"], spec["tracking"]["mlflow_uri"])
     store = spec["tracking"]["store"]
-    gens = query(store, "SELECT qid, role, answer_prob FROM generations WHERE reader = 'refeed'").set_index(["qid", "role"])
+    gens = query(store, "SELECT qid, role, answer_prob, output_prob FROM generations WHERE reader = 'refeed'")
+    gens = gens.set_index(["qid", "role"])
+    assert gens.loc[("q1", "initial"), "output_prob"] == pytest.approx(1.30 / 3)
+    assert gens.loc[("q1", "refine"), "output_prob"] == pytest.approx(0.3)
     assert gens.loc[("q1", "initial"), "answer_prob"] == pytest.approx(0.645)
     assert gens.loc[("q1", "refine"), "answer_prob"] == pytest.approx(0.6)
     votes = query(store, "SELECT reader, qid, method, chosen, scores FROM votes").set_index(["reader", "qid"])
     assert votes.loc[("refeed", "q1"), "chosen"] == "Carolina Panthers"
     assert votes.loc[("refeed", "q1"), "method"] == "refeed-answer-prob"
-    assert list(votes.loc[("refeed", "q1"), "scores"]) == pytest.approx([0.645, 0.6])
+    assert list(votes.loc[("refeed", "q1"), "scores"]) == pytest.approx([1.30 / 3, 0.3])
     assert votes.loc[("refeed_refined", "q1"), "chosen"] == "Denver Broncos"

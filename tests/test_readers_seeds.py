@@ -20,7 +20,9 @@ ITEM = ReaderInput("q1", "Who won Super Bowl 50?", (
 
 
 def gen(round_no, role, answer, pids=(), status="ok", output=None, lp=None, sample=0, p=None):
-    return Generation(round_no, role, sample, tuple(pids), answer if output is None else output, answer, status, lp, p)
+    """A stored generation; `p` is its output's mean token probability (REFEED MODULE-2's P(y | x))."""
+    return Generation(round_no, role, sample, tuple(pids), answer if output is None else output, answer, status, lp,
+                      output_prob=p)
 
 
 # ---- seed 001: Pruning / Summary prompts ----------------------------------------------------------
@@ -516,10 +518,11 @@ def test_refeed_retrieves_with_question_plus_answer_and_refines():
     (refine,) = r.plan(2, ITEM, hist, ReaderSettings(retrieve=retrieve, feedback_k=10))
     assert queries == [("Who won Super Bowl 50? Carolina Panthers", 10)]
     assert refine.passage_ids == ("f1", "f2") and refine.logprobs
-    # Table 11: the question, the documents, the instruction once, "The answer is"; no initial answer by default
-    assert refine.prompt == ("Question: Who won Super Bowl 50?\nPassage: Feedback doc one.\nPassage: Feedback doc two.\n"
-                             "Refer to the passages below and answer the following question with just a few words.\n"
-                             "The answer is")
+    # Table 11 in §4.1's order [prompt words; passage; question]: the instruction, the documents, the question,
+    # "The answer is"; no initial answer by default
+    assert refine.prompt == ("Refer to the passages below and answer the following question with just a few words.\n"
+                             "Passage: Feedback doc one.\nPassage: Feedback doc two.\n"
+                             "Question: Who won Super Bowl 50?\nThe answer is")
     assert refine.system == initial.system and initial.system.count("Question:") == 5  # the five printed shots
     docs = r.feedback_documents(ITEM.question, "refine", refine.prompt)
     assert docs == "Passage: Feedback doc one.\nPassage: Feedback doc two."
@@ -553,9 +556,9 @@ def test_refeed_table11_titles_shots_and_the_initial_answer_option():
     assert two.system.splitlines() == ["Question: total number of death row inmates in the us? The answer is 2,718",
                                        "Question: big little lies season 2 how many episodes? The answer is seven"]
     (shown,) = r.plan(2, ITEM, hist, ReaderSettings(retrieve=retrieve, show_initial=True))
-    assert shown.prompt.endswith("Initial answer (before reading the passages): Carolina Panthers\n"
-                                 "Refer to the passages below and answer the following question with just a few words.\n"
-                                 "The answer is")
+    assert shown.prompt.endswith("Passage: Screen Rant called it a campaign.\n"
+                                 "Initial answer (before reading the passages): Carolina Panthers\n"
+                                 "Question: Who won Super Bowl 50?\nThe answer is")
     shown_docs = r.feedback_documents(ITEM.question, "refine", shown.prompt)
     assert shown_docs == "Title: Deadpool. Passage: Screen Rant called it a campaign."
     versions = {r.version_for(ReaderSettings()), r.version_for(ReaderSettings(shots=0)),
@@ -568,15 +571,17 @@ def test_refeed_table11_titles_shots_and_the_initial_answer_option():
 
 
 def test_retrieve_read_is_table_11s_prompt_over_the_cells_own_retrieval():
-    """Seed 003's Retrieve-Read: the question, the cell's passages as "Title: ... Passage: ...", the instruction, "The
-    answer is"; the first `shots` demonstrations as the system prompt; one greedy call; the answer as written."""
+    """Seed 003's Retrieve-Read in §4.1's order [prompt words; passage; question]: the instruction, the cell's
+    passages as "Title: ... Passage: ...", the question, "The answer is" (GenRead's reading prompt, by REFEED's first
+    author, has the same order); the first `shots` demonstrations as the system prompt; one greedy call; the answer
+    as written."""
     r = get_reader("retrieve_read")
     (call,) = r.plan(1, ITEM, [], ReaderSettings(shots=0))
-    assert call.prompt == ("Question: Who won Super Bowl 50?\n"
+    assert call.prompt == ("Refer to the passages below and answer the following question with just a few words.\n"
                            "Title: Broncos. Passage: The Denver Broncos won.\n"
                            "Title: Panthers. Passage: The Carolina Panthers lost.\n"
                            "Title: Weather. Passage: It rained.\n"
-                           "Refer to the passages below and answer the following question with just a few words.\n"
+                           "Question: Who won Super Bowl 50?\n"
                            "The answer is")
     assert call.system == "" and call.passage_ids == ("p1", "p2", "p3") and call.temperature == 0.0
     assert r.plan(1, ITEM, [], ReaderSettings()).pop().system.count("The answer is") == 5  # all five by default
@@ -599,9 +604,33 @@ def test_settings_added_later_leave_the_settings_of_older_entries_unchanged():
                                                           "feedback_samples": None}
 
 
-def test_refeed_answer_probability_is_the_arithmetic_mean_over_the_answer_tokens():
-    """Seed 003 MODULE-2: P = (1/t) sum p(y_i). Tokens p = [0.99, 0.30] (mean 0.645, geometric 0.545) against
-    [0.6, 0.6] (0.6): the arithmetic mean keeps the first; a trailing "." at p = 0.01 is not an answer token."""
+def test_refeed_output_probability_is_the_arithmetic_mean_over_all_output_tokens():
+    """Seed 003 §3.2.2: P(y | x) = (1/t) sum_i p(y_i | y_<i, x) over the output's t tokens. Hand-computed: the
+    initial output "Carolina Panthers." with tokens p = [0.9, 0.9, 0.01] has P = 1.81 / 3 = 0.6033; the refined
+    "Denver Broncos" [0.7, 0.7] has 0.7, so MODULE-2 keeps the refined answer. Over the parsed answer's tokens only
+    (answer_prob: 0.9 against 0.7) it would keep the initial one; a geometric mean (0.2008 against 0.7) agrees with
+    the paper here, but not on [0.99, 0.30] against [0.6, 0.6] (0.645 > 0.6 arithmetic, 0.545 < 0.6 geometric)."""
+    from strategies.readers.base import output_token_prob
+
+    initial = [("Carolina", math.log(0.9)), (" Panthers", math.log(0.9)), (".", math.log(0.01))]
+    refined = [(" Denver", math.log(0.7)), (" Broncos", math.log(0.7))]
+    assert output_token_prob(initial) == pytest.approx(1.81 / 3) and output_token_prob(refined) == pytest.approx(0.7)
+    assert output_token_prob([("a", math.log(0.99)), ("b", math.log(0.30))]) == pytest.approx(0.645)
+    assert output_token_prob(None) is None and output_token_prob([]) is None
+    r = get_reader("refeed")
+    d = r.decide(ITEM, [gen(1, "initial", "Carolina Panthers", lp=-0.5, p=output_token_prob(initial)),
+                        gen(2, "refine", "Denver Broncos", lp=-0.5, p=output_token_prob(refined))])
+    assert d.chosen == "Denver Broncos" and d.method == "refeed-answer-prob"
+    assert d.scores == pytest.approx((1.81 / 3, 0.7))
+    # an output with no answer parsed from it loses, whatever its tokens' probability
+    empty = r.decide(ITEM, [gen(1, "initial", "", output="...", lp=-0.1, p=0.95),
+                            gen(2, "refine", "Denver Broncos", lp=-0.5, p=0.2)])
+    assert empty.chosen == "Denver Broncos"
+
+
+def test_answer_token_prob_is_the_arithmetic_mean_over_the_answer_tokens():
+    """answer_prob, stored beside output_prob: the parsed answer's own tokens. Tokens p = [0.99, 0.30] (mean 0.645,
+    geometric 0.545) against [0.6, 0.6] (0.6); a trailing "." at p = 0.01 is not an answer token."""
     from strategies.readers.base import answer_token_prob
 
     first = [("Carolina", math.log(0.99)), (" Panthers", math.log(0.30)), (".", math.log(0.01))]
@@ -611,10 +640,6 @@ def test_refeed_answer_probability_is_the_arithmetic_mean_over_the_answer_tokens
     assert answer_token_prob("The answer is Denver Broncos", second, "Denver Broncos") == pytest.approx(0.6)
     assert answer_token_prob("The answer is", second[:3], "") is None
     assert answer_token_prob("Denver", None, "Denver") is None
-    r = get_reader("refeed")
-    d = r.decide(ITEM, [gen(1, "initial", "Carolina Panthers", lp=-0.5, p=0.645),
-                        gen(2, "refine", "Denver Broncos", lp=-0.5, p=0.6)])
-    assert d.chosen == "Carolina Panthers" and d.method == "refeed-answer-prob"
 
 
 def test_refeed_module1_samples_merges_feedback_by_score_and_ensembles():

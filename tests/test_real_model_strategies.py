@@ -67,7 +67,7 @@ def test_every_reader_strategy_runs_on_the_real_model(tmp_path, shared_embedded)
             "retrievers": ["bm25@2"], "readers": [r for r, _ in READERS], "model": MODEL, "execution": {"shard_size": 1}}
     summary = _run(tmp_path, spec)
     store = tmp_path / ".ragledger" / "store"
-    gens = query(store, "SELECT reader, role, qid, parse_status, parsed_answer FROM generations")
+    gens = query(store, "SELECT reader, role, qid, parse_status, parsed_answer, output_prob FROM generations")
     outcomes = query(store, "SELECT reader, qid, em FROM outcomes")
     for entry, roles in READERS:
         label = _label(entry)
@@ -84,6 +84,8 @@ def test_every_reader_strategy_runs_on_the_real_model(tmp_path, shared_embedded)
     assert 0 < summary["prompt_tokens_evaluated"] < summary["prompt_tokens_sent"], summary
     refeed = gens[gens["reader"] == "refeed(feedback_k=2)"]
     assert set(refeed["role"]) == {"initial", "refine"}
+    # MODULE-2's P(y | x) of each real output (seed 003 §3.2.2): a mean of token probabilities
+    assert ((refeed["output_prob"] > 0) & (refeed["output_prob"] <= 1)).all(), refeed["output_prob"].tolist()
 
 
 # every retriever kind (strategies/retrievers: SOURCES, PLAIN, WRAPPERS, and @rr@ reranking), read by Concatenation

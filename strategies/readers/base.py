@@ -69,6 +69,7 @@ class Generation:
     parse_status: str
     mean_logprob: float | None = None  # mean token log-probability of the whole output
     answer_prob: float | None = None  # arithmetic mean token probability of the parsed answer (answer_token_prob)
+    output_prob: float | None = None  # arithmetic mean token probability of the whole output (output_token_prob)
 
 
 @dataclass(frozen=True)
@@ -242,6 +243,14 @@ def majority_vote(answers: list[str]) -> Decision:
 
 
 POOL_VOTES: dict[str, Callable[[list[str]], Decision]] = {"majority": majority_vote, "first": first_answer_vote}
+
+
+def output_token_prob(token_logprobs) -> float | None:
+    """Seed 003 §3.2.2's P(y | x) = (1/t) * sum_i p(y_i | y_<i, x): the arithmetic mean of the probabilities of
+    all t output tokens (the server's end-of-sequence token is not among them). None without log-probabilities."""
+    if not token_logprobs:
+        return None
+    return sum(math.exp(float(lp)) for _, lp in token_logprobs) / len(token_logprobs)
 
 
 def answer_token_prob(output: str, token_logprobs, answer: str) -> float | None:

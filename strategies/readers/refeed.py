@@ -3,11 +3,13 @@
 Round 1 (STEP-1): a closed-book answer, greedy, with the Table 10 prompt.
 Round 2 (STEP-2, STEP-3): retrieve with "question + initial answer" through the cell's retriever
 (`ReaderSettings.retrieve`; k = `feedback_k`, default 10 as in the paper) and refine the answer with the
-Table 11 prompt: the question, the documents as "Title: ... Passage: ...", the instruction once, "The answer is".
+Table 11 prompt in §4.1's retrieve-read order [prompt words; passage; question]: the instruction, the documents as
+"Title: ... Passage: ...", the question, "The answer is".
 `shots` keeps the first N of the five printed demonstrations (0: Table 2's zero-shot setting); `show_initial`
 adds the initial answer to the refine prompt (an ablation; Table 11 has no such line).
-Decision (MODULE-2, `refeed`): keep the initial answer when its probability P = (1/t) sum_i p(y_i | ...), the
-arithmetic mean of its t answer tokens' probabilities, is higher than the refined answer's, else the refined one.
+Decision (MODULE-2, `refeed`): keep the initial answer when its output's probability P = (1/t) sum_i p(y_i | ...),
+the arithmetic mean of the probabilities of the output's t tokens (§3.2.2), is higher than the refined output's,
+else the refined one.
 Without log-probabilities from the backend the refined answer is kept and the vote's method says so
 (`refeed-no-logprobs`). `refeed_refined` is the ablation without the ensemble (always the refined answer); it
 shares every model call with `refeed`.
@@ -37,7 +39,7 @@ from strategies.readers.base import (
     register_parser,
 )
 
-PROMPT_VERSION = "003-table10-11-v2"
+PROMPT_VERSION = "003-table10-11-v3"  # v3: §4.1's order, instruction first
 MODULE1_VERSION = "003-module1-v2"  # the refine template listing n initial answers, and the merge rule
 SAMPLE_TEMPERATURE, SAMPLE_TOP_P = 0.7, 0.9  # seed 003 Table 7, "with diverse retrieval feedback"
 FEEDBACK_K = 10  # seed 003 §3.2.2: "k = 10 for fair comparisons with baselines"
@@ -54,10 +56,14 @@ DEMONSTRATIONS = (
 INSTRUCTION = "Refer to the passages below and answer the following question with just a few words."
 
 CLOSED_USER = "Question: {question} The answer is"  # Table 10: [prompt words; question]
-# Table 11: the question, the documents ("Title: ... Passage: ..."), the instruction once, "The answer is"
-OPEN_USER = """Question: {question}
+# Table 11 in §4.1's retrieve-read format [prompt words; passage; question]: the instruction ("the passages below"),
+# the documents ("Title: ... Passage: ..."), the question, "The answer is" (GenRead's reading prompt has this order)
+OPEN_USER = """{instruction}
 {documents}
-{instruction}
+Question: {question}
+The answer is"""
+OPEN_TAIL = """
+Question: {question}
 The answer is"""
 # The refine step conditions on the initial output (§3.2.1, p(y | d, x, y_hat)) but Table 11 shows no line for it;
 # `show_initial: true` adds this one (an ablation). MODULE-1 always lists the n answers: "we provide all n
@@ -72,11 +78,12 @@ def demonstrations(shots: int | None) -> str:
 
 
 def refine_prompt(question: str, passages, initial_line: str | None) -> str:
+    """Table 11's open-book prompt; an initial-answer line (reconstructed) goes after the documents."""
     body = fill(OPEN_USER, question=question, documents=documents(passages), instruction=INSTRUCTION)
     if initial_line is None:
         return body
-    head, _, tail = body.rpartition(INSTRUCTION)
-    return f"{head}{initial_line}\n{INSTRUCTION}{tail}"
+    tail = fill(OPEN_TAIL, question=question)
+    return f"{body[: -len(tail)]}\n{initial_line}{tail}"
 
 
 _ANSWER_IS = re.compile(r"the\s+answer\s+is\s*[:：]?\s*", re.IGNORECASE)
@@ -124,7 +131,7 @@ def merge_by_score(lists: list[list[Passage]], k: int) -> list[Passage]:
     return [p for _, _, p in ranked[:k]]
 
 
-_FEEDBACK_END = (INITIAL_LINE.split("{")[0], INITIALS_LINE.split("{")[0], INSTRUCTION)
+_INITIAL_STARTS = (INITIAL_LINE.split("{")[0], INITIALS_LINE.split("{")[0])
 
 
 def feedback_queries(question: str, answers: list[str]) -> list[str]:
@@ -141,7 +148,7 @@ class Refeed(Reader):
     name = "refeed"
     prompt_version = f"{PROMPT_VERSION}+k{FEEDBACK_K}"  # the default feedback depth changes the calls too
     rounds = 2
-    vote_version = "2"  # MODULE-2 by the answer tokens' arithmetic mean probability
+    vote_version = "3"  # MODULE-2 by the arithmetic mean probability of all output tokens (§3.2.2)
     needs_logprobs = True
     retrieves_feedback = True
     takes_shots = True
@@ -179,13 +186,13 @@ class Refeed(Reader):
                      temperature=0.0, logprobs=True, parser="answer_is")]
 
     def feedback_documents(self, question: str, role: str, prompt: str) -> str | None:
-        """The documents block of a refine prompt: between the first line ("Question: ...") and the initial
-        answer line or the instruction."""
+        """The documents block of a refine prompt: between the first line (the instruction) and the initial
+        answer line or the closing question line."""
         if role != "refine":
             return None
-        head = f"Question: {question}\n"
-        body = prompt[len(head):] if prompt.startswith(head) else prompt.partition("\n")[2]
-        ends = [i for i in (body.rfind("\n" + m) for m in _FEEDBACK_END) if i >= 0]
+        body = prompt.partition("\n")[2]
+        ends = [i for i in (body.rfind("\n" + m) for m in (*_INITIAL_STARTS, fill(OPEN_TAIL, question=question)[1:]))
+                if i >= 0]
         return body[: min(ends)] if ends else body
 
     def decide(self, item: ReaderInput, history: list[Generation], settings: ReaderSettings | None = None) -> Decision:
@@ -204,7 +211,7 @@ class Refeed(Reader):
         if initial.mean_logprob is None and refined.mean_logprob is None:  # the backend returned no log-probabilities
             return Decision("refeed-no-logprobs", cands, scores, refined.parsed_answer or "unknown")
         # MODULE-2 (seed 003 §3.2.2): keep the initial output only when its probability is higher than after
-        # feedback; an answer whose tokens cannot be found in its output (an empty answer) has none and loses
+        # feedback; an output with no answer parsed from it (empty) loses
         chosen = initial.parsed_answer if _rank_p(initial) > _rank_p(refined) else refined.parsed_answer
         return Decision("refeed-answer-prob", cands, scores, chosen or "unknown")
 
@@ -223,8 +230,9 @@ class RefeedRefined(Refeed):
 
 class RetrieveRead(Reader):
     """Seed 003's Retrieve-Read baseline (Tables 2, 3, 5, 6; Lazaridou et al., 2022): Table 11's open-book prompt
-    over the cell's own retrieval (the question alone as the query), one greedy call, its answer taken as is. With
-    no passages (a closed-book cell) it is Table 10's QA prompt. `shots` as for REFEED."""
+    ([prompt words; passage; question], §4.1) over the cell's own retrieval (the question alone as the query), one
+    greedy call, its answer taken as is. With no passages (a closed-book cell) it is Table 10's QA prompt. `shots`
+    as for REFEED."""
 
     name = "retrieve_read"
     prompt_version = f"{PROMPT_VERSION}-retrieve-read"
@@ -247,10 +255,10 @@ class RetrieveRead(Reader):
 
 
 def _p(g: Generation) -> float:
-    """The answer's mean token probability (strategies/readers/base.answer_token_prob); NaN without one."""
-    return math.nan if g.answer_prob is None else float(g.answer_prob)
+    """The output's mean token probability (strategies/readers/base.output_token_prob); NaN without one."""
+    return math.nan if g.output_prob is None else float(g.output_prob)
 
 
 def _rank_p(g: Generation) -> float:
     p = _p(g)
-    return -math.inf if math.isnan(p) else p
+    return -math.inf if math.isnan(p) or not g.parsed_answer else p
