@@ -114,3 +114,61 @@ def test_a_paper_config_names_its_papers_corpus_and_says_what_to_give_when_it_is
     assert "psgs_w100.tsv.gz: file not found" in message and "--corpus prebuilt:wikipedia-dpr-100w" in message
     assert "--corpus squad-paragraphs" in message and "\n" not in message
     preflight(with_overrides(spec, limit=3, embedded=True, corpus="squad-paragraphs", source=str(path)))
+
+
+# what each question file is, in the words of ../shared/data/README.md (NQ-open.dev.jsonl is the standard open-domain
+# NQ test set; DPR's NQ dev topics are NQ's development set; val.json is a held-out part of WebQuestions' train split)
+SPLITS = {
+    "squad/dev-v1.1.json.gz": "SQuAD dev",
+    "nq-open/NQ-open.dev.jsonl": "NQ test",
+    "dpr-topics/topics.dpr.nq.dev.txt.gz": "NQ dev",
+    "triviaqa/dev.jsonl.gz": "TriviaQA dev",
+    "triviaqa/test.jsonl.gz": "TriviaQA test",
+    "webquestions/test.json": "WebQuestions test",
+    "webquestions/val.json": "WebQuestions val",
+}
+_NAMED = re.compile(r"([A-Za-z]+ (?:dev|test|val)) \(([\w./-]+)\)")
+
+
+def header_statement(header: str, key: str) -> str:
+    """The header's `# <key>: ...` statement, with its continuation lines (up to the next `# Word:` line)."""
+    out: list[str] = []
+    for line in header.splitlines():
+        body = line.lstrip("#").strip()
+        if out and re.match(r"[A-Z][\w ]*:", body):
+            break
+        if out or body.startswith(f"{key}:"):
+            out.append(body)
+    return " ".join(out)
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_a_paper_configs_header_names_its_own_questions_and_corpus(path: Path):
+    """The header's `Questions:` line lists exactly the config's question files, each with its split as the data
+    README names it; its `Corpus:` line names the config's corpus; neither it nor the description names a split
+    the config does not use."""
+    spec = load_spec(path)
+    datasets = [e.dataset for e in spec.expand()]
+    header = "".join(line for line in path.read_text().splitlines(keepends=True) if line.startswith("#"))
+    named = dict((p, s) for s, p in _NAMED.findall(header_statement(header, "Questions")))
+    assert named == {d.path: SPLITS[d.path] for d in datasets}
+    corpus = header_statement(header, "Corpus")
+    if spec.corpus.name == "dpr-tsv":
+        assert corpus.startswith("Corpus: DPR's Wikipedia (psgs_w100.tsv") and "SQuAD paragraphs (the default" not in corpus
+        assert all(p in header for p in spec.corpus.paths)
+    else:
+        assert spec.corpus.name == "squad-paragraphs" and corpus.startswith("Corpus: the 20,963 SQuAD paragraphs")
+        assert "psgs_w100" not in header
+    described = header + spec.description
+    assert "NQ-open dev" not in described  # the data README calls that file NQ's test set
+    for file, split in SPLITS.items():
+        if file not in {d.path for d in datasets}:
+            assert f"{split} (" not in described, f"{split} is named but {file} is not among the config's datasets"
+
+
+def test_header_statement_reads_continuation_lines_up_to_the_next_statement():
+    header = "# Questions: NQ dev (a/b.gz),\n# TriviaQA test (c.gz)\n# Corpus: x\n# y\n# Run: z\n"
+    assert header_statement(header, "Questions") == "Questions: NQ dev (a/b.gz), TriviaQA test (c.gz)"
+    assert header_statement(header, "Corpus") == "Corpus: x y"
+    assert dict((p, s) for s, p in _NAMED.findall(header_statement(header, "Questions"))) == {
+        "a/b.gz": "NQ dev", "c.gz": "TriviaQA test"}
