@@ -54,8 +54,8 @@ def records(retriever: str) -> dict[str, list[dict]]:
             "call_index": 0, "sample_index": 0, "call_id": f"{retriever}{qid}".ljust(16, "c"), "prompt_version": "v1",
             "prompt_hash": "p" * 16, "system_prompt": "s", "prompt": f"Question {qid}?", "passage_ids": [f"p{qid}"],
             "output": f"Answer: {pred} ({retriever})", "parsed_answer": pred, "parse_status": "ok", "logprob": None,
-            "answer_prob": None, "tokens_in": 20, "tokens_out": 3, "latency_ms": 5.0, "model": "m", "from_cache": False,
-            "retries": 0})
+            "answer_prob": None, "output_prob": None, "tokens_in": 20, "tokens_out": 3, "latency_ms": 5.0, "model": "m",
+            "from_cache": False, "retries": 0})
         out["votes"].append({**common, "event_id": event_id("votes", EXP, retriever, qid), "method": "single",
                              "candidates": [pred], "scores": [1.0], "chosen": pred})
         out["outcomes"].append({
