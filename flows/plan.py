@@ -17,7 +17,7 @@ from core.cell import Cell
 from core.datasets import Question
 from core.paths import StoreLayout
 from schemas.spec import ExperimentSpec
-from strategies.readers import get_reader, settings_for
+from strategies.readers import get_reader
 from strategies.readers.base import FINAL_CONTEXT_VERSION
 from strategies.readers.concatenation import Concatenation
 from strategies.retrievers import parse_retriever
@@ -212,8 +212,9 @@ def retrieve_stage(retriever: str, s: Shard, dataset_key: str, corpus_hash: str,
 def generate_stages(spec: ExperimentSpec, cell: Cell, s: Shard, retrieval_key: str, mkey: str) -> tuple[GenerateStage, ...]:
     entry = spec.reader_entry(cell.reader)
     reader = get_reader(entry.name)
-    settings = () if entry.is_default else (entry.settings_dict(),)  # plain names keep their keys
-    version = reader.version_for(settings_for(entry))  # the template version under this entry's settings
+    keyed = entry.call_settings()
+    settings = (keyed,) if keyed else ()  # plain names keep their keys
+    version = reader.version_for(entry.settings)  # the template version under this entry's settings
     rounds, upstream = [], retrieval_key
     for rnd in range(1, reader.rounds + 1):
         rounds.append(GenerateStage(upstream, cell, rnd, version, mkey, settings, s.qids))

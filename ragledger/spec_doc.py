@@ -39,6 +39,7 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("dataset[] (a sweep's entries: every `dataset` field, plus)", DatasetEntry),
     ("corpus", CorpusSpec),
     ("readers[] (a mapping entry; a plain string is the name with every default)", ReaderEntry),
+    # then each reader's own settings (reader_sections), written beside `name`
     ("model", ModelSpec),
     ("execution", ExecutionSpec),
     ("tracking", TrackingSpec),
@@ -91,11 +92,23 @@ def _rows(model: type[BaseModel], skip: set[str]) -> list[str]:
     return rows
 
 
+def reader_sections() -> list[tuple[str, type[BaseModel]]]:
+    """One section per reader settings model that has fields, naming the readers that declare it."""
+    from strategies.readers import READERS
+
+    by_model: dict[type[BaseModel], list[str]] = {}
+    for name, reader in READERS.items():
+        by_model.setdefault(reader.Settings, []).append(name)
+    return [(f"readers[] settings of {', '.join(f'`{n}`' for n in names)}", model)
+            for model, names in by_model.items() if model.model_fields]
+
+
 def render() -> str:
     lines = ["### Top level", "", "| key | type | default | meaning |", "|---|---|---|---|"]
     lines += [f"| `{k}` | {t} | {d} | {m} |" for k, t, d, m in TOP_LEVEL]
-    for title, model in SECTIONS:
-        skip = set(DatasetSpec.model_fields) if model is DatasetEntry else set()
+    sections = [s for t, m in SECTIONS for s in ([(t, m)] if m is not ReaderEntry else [(t, m), *reader_sections()])]
+    for title, model in sections:
+        skip = set(DatasetSpec.model_fields) if model is DatasetEntry else {"settings"} if model is ReaderEntry else set()
         lines += ["", f"### {title}", "", "| field | type | default | meaning |", "|---|---|---|---|"]
         lines += _rows(model, skip)
     return "\n".join(lines)

@@ -12,6 +12,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from engines.models import DEFAULT_MODEL
+from schemas.reader_entry import ReaderEntry
 
 
 class SpecError(ValueError):
@@ -171,56 +172,6 @@ class TrackingSpec(_Strict):
         return uri
 
 
-LATER_SETTINGS = ("shots", "show_initial", "candidates")
-
-
-class ReaderEntry(_Strict):
-    """A reader with settings; a plain string in `readers` is a ReaderEntry with the defaults."""
-
-    name: str = Field(..., description="a registered reader strategy (strategies/readers READERS)")
-    samples: int = Field(1, ge=1, le=64, description="self-consistency: p samples per call (seed 001 §4.4)")
-    sample_temperature: float = Field(0.7, ge=0, le=2, description="temperature of the p samples")
-    feedback_k: int | None = Field(None, gt=0, le=100, description="REFEED: documents retrieved with question+answer; "
-                                   "default 10 (seed 003)")
-    feedback_samples: int | None = Field(None, ge=2, le=20, description="REFEED MODULE-1 (seed 003 §3.2.2): n initial "
-                                         "answers sampled at temperature 0.7, top_p 0.9; one feedback retrieval each, "
-                                         "merged by retrieval score to the top feedback_k")
-    shots: int | None = Field(None, ge=0, le=5, description="REFEED, Retrieve-Read: demonstrations in their prompts, "
-                              "the first N of the five printed in seed 003 Tables 10-11 (default all five); 0 is Table "
-                              "2's zero-shot setting")
-    show_initial: bool = Field(False, description="REFEED: the refine prompt also shows the initial answer (an "
-                               "ablation; Table 11 shows question, documents and instruction only)")
-    candidates: int | None = Field(None, ge=2, le=3, description="SuRe: K answer candidates (seed 004; default 2 as in "
-                                   "§4.1); 3 is Table 6's, with a reconstructed round-1 prompt")
-    vote: Literal["majority", "first"] = Field("majority", description="how a reader's answer pool becomes one "
-                                               "answer (Post-Fusion, Concat+PF): majority (001 eq. 2) or first "
-                                               "non-unknown by passage rank; changes no model call")
-    label: str | None = Field(None, min_length=1, pattern=r"^[^·\[\]]+$",
-                              description="cell label; default derived from the settings")
-
-    def settings_dict(self) -> dict:
-        """The settings that change model calls (they enter the generate cache keys). Settings added later enter
-        only when set, so entries written before them keep their keys."""
-        d = self.model_dump(exclude={"name", "label", "vote"})
-        for later in LATER_SETTINGS:
-            if d[later] == type(self).model_fields[later].default:
-                del d[later]
-        return d
-
-    @property
-    def is_default(self) -> bool:
-        return self.settings_dict() == ReaderEntry(name=self.name).settings_dict()
-
-    @property
-    def key(self) -> str:
-        """The reader label used in cell names and the records' `reader` column: the name, plus any non-default setting."""
-        if self.label:
-            return self.label
-        default = ReaderEntry(name=self.name).model_dump(exclude={"name", "label"})
-        diff = [f"{k}={v}" for k, v in self.model_dump(exclude={"name", "label"}).items() if v != default[k]]
-        return f"{self.name}({','.join(diff)})" if diff else self.name  # no [ ]: rich reads them as markup
-
-
 class _SpecBase(_Strict):
     """What an experiment spec and a sweep spec share; they differ in `dataset` (one mapping, or a list)."""
 
@@ -248,52 +199,25 @@ class _SpecBase(_Strict):
     @field_validator("readers", mode="before")
     @classmethod
     def _reader_shapes(cls, entries: object) -> object:
-        """One clear message per bad entry, instead of pydantic's per-union-member errors."""
+        """Each mapping validated against its reader's own settings, one clear message per bad entry."""
         if not isinstance(entries, list):
             return entries
         out = []
         for i, e in enumerate(entries):
-            if isinstance(e, str | ReaderEntry):
-                out.append(e)
+            if isinstance(e, str):
+                ReaderEntry.parse(e, f"readers[{i}]")  # a known name
             elif isinstance(e, dict):
-                out.append(_list_entry(ReaderEntry, e, f"readers[{i}]"))
-            else:
+                e = ReaderEntry.parse(e, f"readers[{i}]")
+            elif not isinstance(e, ReaderEntry):
                 raise ValueError(f"readers[{i}]: expected a reader name or a mapping {{name: ..., samples: ...}}, got {e!r}")
-        return out
-
-    @field_validator("readers")
-    @classmethod
-    def _known_readers(cls, entries: list[str | ReaderEntry]) -> list[str | ReaderEntry]:
-        from strategies.readers import READERS
-
-        for e in entries:
-            name = e if isinstance(e, str) else e.name
-            if name not in READERS:
-                raise ValueError(f"unknown reader strategy {name!r}; known: {', '.join(sorted(READERS))}")
-            if isinstance(e, ReaderEntry) and not READERS[name].retrieves_feedback:
-                for setting in ("feedback_k", "feedback_samples", "show_initial"):
-                    if getattr(e, setting) != ReaderEntry.model_fields[setting].default:
-                        users = sorted(n for n, r in READERS.items() if r.retrieves_feedback)
-                        raise ValueError(f"readers: {name!r} retrieves no feedback documents, so {setting!r} does not apply "
-                                         f"(it applies to {', '.join(users)})")
-            if isinstance(e, ReaderEntry) and e.shots is not None and not READERS[name].takes_shots:  # shots: 0 is set
-                users = sorted(n for n, r in READERS.items() if r.takes_shots)
-                raise ValueError(f"readers: {name!r} has no demonstrations, so 'shots' does not apply "
-                                 f"(it applies to {', '.join(users)})")
-            if isinstance(e, ReaderEntry) and e.candidates is not None and not READERS[name].takes_candidates:
-                users = sorted(n for n, r in READERS.items() if r.takes_candidates)
-                raise ValueError(f"readers: {name!r} asks for no answer candidates, so 'candidates' does not apply "
-                                 f"(it applies to {', '.join(users)})")
-            if isinstance(e, ReaderEntry) and e.vote != "majority" and not READERS[name].votes_over_pool:
-                pooled = sorted(n for n, r in READERS.items() if r.votes_over_pool)
-                raise ValueError(f"readers: {name!r} has no answer pool to vote over (vote applies to {', '.join(pooled)})")
-        keys = [e if isinstance(e, str) else e.key for e in entries]
+            out.append(e)
+        keys = [e if isinstance(e, str) else e.key for e in out]
         if len(set(keys)) != len(keys):
             raise ValueError(f"duplicate reader entries: {sorted(k for k in set(keys) if keys.count(k) > 1)}")
-        return entries
+        return out
 
     def reader_entries(self) -> list[ReaderEntry]:
-        return [ReaderEntry(name=e) if isinstance(e, str) else e for e in self.readers]
+        return [ReaderEntry.parse(e) if isinstance(e, str) else e for e in self.readers]
 
     def reader_entry(self, key: str) -> ReaderEntry:
         """The reader entry whose label (`ReaderEntry.key`) is `key`."""
@@ -326,12 +250,10 @@ class ExperimentSpec(_SpecBase):
         payload = self.model_dump(exclude={"tracking", "description", "execution"})
         if not self.dataset.closed_book_filter:  # specs without the filter keep the hash they had before it existed
             payload["dataset"].pop("closed_book_filter")
-        # likewise settings added later, unset: a corpus without a FAISS directory, a reader without a candidate count
+        # likewise settings added later, unset: a corpus without a FAISS directory, a reader setting (ReaderEntry.hashed)
         if payload["corpus"]["faiss"] is None:
             payload["corpus"].pop("faiss")
-        for entry in payload["readers"]:
-            if isinstance(entry, dict) and entry.get("candidates") is None:
-                entry.pop("candidates", None)
+        payload["readers"] = [e if isinstance(e, str) else e.hashed() for e in self.readers]
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
     def expand(self) -> list[ExperimentSpec]:

@@ -15,7 +15,7 @@ import pandas as pd
 
 from core.answers import em_score
 from engines.llm import LLMResponse, run_on_engine
-from strategies.readers.base import Call, ReaderInput, ReaderSettings
+from strategies.readers.base import Call, ReaderInput
 from strategies.readers.concatenation import Concatenation
 from tasks.context import llm_client_for
 from tasks.generate import generation_rows, history_by_question, to_request
@@ -25,7 +25,7 @@ from tracking.store.events import new_events
 
 def filter_calls(questions: pd.DataFrame) -> list[tuple[str, Call]]:
     """One closed-book call per question: the Concatenation prompt with no passages."""
-    reader, settings = Concatenation(), ReaderSettings()
+    reader, settings = Concatenation(), Concatenation.Settings()
     return [(r.qid, call) for r in questions.itertuples() for call in reader.plan(1, ReaderInput(r.qid, r.question, ()), [],
                                                                                    settings)]
 

@@ -16,7 +16,7 @@ from core.cell import Cell
 from core.crash import crashpoint
 from engines.llm import ContextOverflow, LLMClient, LLMRequest, LLMResponse, run_on_engine
 from schemas.spec import ExperimentSpec
-from strategies.readers import get_reader, settings_for
+from strategies.readers import get_reader
 from strategies.readers.base import (
     Call,
     Generation,
@@ -181,7 +181,7 @@ def plan_round(spec: ExperimentSpec, stage: GenerateStage, store_root: str, ques
     """The calls of one round over a shard, as the reader plans them (pure but for REFEED's feedback retrieval)."""
     entry = spec.reader_entry(stage.reader)
     reader = get_reader(entry.name)
-    settings = settings_for(entry, feedback_retrieval(spec, stage.retriever, store_root))
+    settings = entry.settings.with_retrieval(feedback_retrieval(spec, stage.retriever, store_root))
     calls = [(item.qid, i, call, to_request(call, spec))
              for item in reader_inputs(questions, retrievals[retrievals["qid"].isin(stage.qids)])
              for i, call in enumerate(reader.plan(stage.round_no, item, history.get(item.qid, []), settings))]

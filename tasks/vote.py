@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from strategies.readers import get_reader, settings_for
+from strategies.readers import get_reader
 from tasks.generate import history_by_question, reader_inputs
 from tasks.stages import RunContext, StageResult, VoteStage
 from tracking.store.events import event_id, new_events
@@ -13,7 +13,7 @@ def run_vote(run: RunContext, stage: VoteStage, retrieval_segments: list[str | N
     spec, store = run.spec, run.store()
     entry = spec.reader_entry(stage.reader)
     reader = get_reader(entry.name)
-    settings = settings_for(entry)
+    settings = entry.settings
     questions = run.questions(store, stage.qids)
     retrievals = store.read("retrievals", paths=[p for p in retrieval_segments if p])
     history = history_by_question(store.read("generations", paths=[p for p in generation_segments if p]))

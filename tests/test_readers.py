@@ -1,5 +1,5 @@
 from strategies.readers import READERS, get_reader
-from strategies.readers.base import Generation, Passage, ReaderInput, ReaderSettings, fill, majority_vote, parse_output
+from strategies.readers.base import Generation, Passage, PooledSettings, ReaderInput, fill, majority_vote, parse_output
 
 
 def test_majority_vote_counts_normalized_forms():
@@ -51,7 +51,7 @@ ITEM = ReaderInput("q1", "Who won?", (Passage("p1", "t1"), Passage("p2", "t2"), 
 
 
 def test_concatenation_one_call_with_all_passages_in_order():
-    calls = get_reader("concatenation").plan(1, ITEM, [], ReaderSettings())
+    calls = get_reader("concatenation").plan(1, ITEM, [], get_reader("concatenation").Settings())
     assert len(calls) == 1
     assert calls[0].passage_ids == ("p1", "p2", "p3")
     assert calls[0].prompt.index("t1") < calls[0].prompt.index("t2") < calls[0].prompt.index("t3")
@@ -60,9 +60,9 @@ def test_concatenation_one_call_with_all_passages_in_order():
 
 def test_post_fusion_one_call_per_passage_and_self_consistency():
     pf = get_reader("post_fusion")
-    calls = pf.plan(1, ITEM, [], ReaderSettings())
+    calls = pf.plan(1, ITEM, [], PooledSettings())
     assert [c.passage_ids for c in calls] == [("p1",), ("p2",), ("p3",)]
-    sampled = pf.plan(1, ITEM, [], ReaderSettings(samples=3))
+    sampled = pf.plan(1, ITEM, [], PooledSettings(samples=3))
     assert len(sampled) == 9 and {c.sample_index for c in sampled} == {0, 1, 2}
     assert all(c.temperature == 0.7 for c in sampled)
 

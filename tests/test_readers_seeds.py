@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from schemas.spec import SpecError, parse_spec
-from strategies.readers import get_reader, settings_for
+from strategies.readers import get_reader
 from strategies.readers.base import Generation, Passage, ReaderInput, ReaderSettings, parse_output
 from strategies.readers.sure import MAX_CHOICES, candidates_from, parse_candidates
 
@@ -17,6 +17,11 @@ ITEM = ReaderInput("q1", "Who won Super Bowl 50?", (
     Passage("p2", "Panthers: The Carolina Panthers lost.", "Panthers"),
     Passage("p3", "Weather: It rained.", "Weather"),
 ))  # fmt: skip
+
+
+def knobs(reader, retrieve=None, **settings) -> ReaderSettings:
+    """The reader's own settings model with these values, and a feedback retrieval where one is given."""
+    return reader.Settings(**settings).with_retrieval(retrieve)
 
 
 def gen(round_no, role, answer, pids=(), status="ok", output=None, lp=None, sample=0, p=None):
@@ -29,7 +34,7 @@ def gen(round_no, role, answer, pids=(), status="ok", output=None, lp=None, samp
 
 @pytest.mark.parametrize(("name", "marker"), [("pruning", "process of pruning"), ("summary", "By summarizing these details")])
 def test_cot_prompts_one_call_numbered_context_final_answer(name, marker):
-    calls = get_reader(name).plan(1, ITEM, [], ReaderSettings())
+    calls = get_reader(name).plan(1, ITEM, [], knobs(get_reader(name)))
     assert len(calls) == 1 and calls[0].parser == "final_answer"
     assert marker in calls[0].system and "If don't know the answer, just say unknown" in calls[0].system
     assert "[1] Broncos: The Denver Broncos won.\n[2] Panthers" in calls[0].prompt
@@ -39,7 +44,7 @@ def test_cot_prompts_one_call_numbered_context_final_answer(name, marker):
     assert status == "ok"
     d = get_reader(name).decide(ITEM, [gen(1, "answer", answer, output=out)])
     assert d.chosen == "Denver Broncos" and d.method == "single"
-    sampled = get_reader(name).plan(1, ITEM, [], ReaderSettings(samples=3))
+    sampled = get_reader(name).plan(1, ITEM, [], knobs(get_reader(name), samples=3))
     assert [c.sample_index for c in sampled] == [0, 1, 2] and {c.temperature for c in sampled} == {0.7}
 
 
@@ -47,13 +52,13 @@ def test_cot_prompts_one_call_numbered_context_final_answer(name, marker):
 
 def test_concat_pf_falls_back_to_post_fusion_only_when_unknown():
     r = get_reader("concat_pf")
-    assert len(r.plan(1, ITEM, [], ReaderSettings())) == 1
+    assert len(r.plan(1, ITEM, [], knobs(r))) == 1
     answered = [gen(1, "answer", "Denver Broncos", ["p1", "p2", "p3"])]
-    assert r.plan(2, ITEM, answered, ReaderSettings()) == []
+    assert r.plan(2, ITEM, answered, knobs(r)) == []
     assert r.decide(ITEM, answered).chosen == "Denver Broncos"
     for unknown in ("unknown", ""):  # an unparseable/empty concat answer also falls back
         hist = [gen(1, "answer", unknown, ["p1", "p2", "p3"])]
-        calls = r.plan(2, ITEM, hist, ReaderSettings())
+        calls = r.plan(2, ITEM, hist, knobs(r))
         assert [c.passage_ids for c in calls] == [("p1",), ("p2",), ("p3",)] and {c.role for c in calls} == {"fallback"}
     hist += [gen(2, "fallback", a, [p]) for a, p in (("unknown", "p1"), ("Panthers", "p2"), ("Panthers", "p3"))]
     d = r.decide(ITEM, hist)
@@ -62,15 +67,15 @@ def test_concat_pf_falls_back_to_post_fusion_only_when_unknown():
 
 def test_pf_concat_drops_unknown_passages_and_passes_candidates():
     r = get_reader("pf_concat")
-    assert len(r.plan(1, ITEM, [], ReaderSettings())) == 3
+    assert len(r.plan(1, ITEM, [], knobs(r))) == 3
     hist = [gen(1, "answer", a, [p]) for a, p in (("Denver Broncos", "p1"), ("unknown", "p2"), ("the Broncos", "p3"))]
-    (call,) = r.plan(2, ITEM, hist, ReaderSettings())
+    (call,) = r.plan(2, ITEM, hist, knobs(r))
     assert call.passage_ids == ("p1", "p3") and "Panthers" not in call.prompt
     assert "Candidate answers:\n- Denver Broncos\n- the Broncos\nQuestion:" in call.prompt
     d = r.decide(ITEM, [*hist, gen(2, "distill", "Denver Broncos", ["p1", "p3"])])
     assert d.method == "distill" and d.chosen == "Denver Broncos" and d.candidates == ("Denver Broncos", "unknown", "the Broncos")
     all_unknown = [gen(1, "answer", "unknown", [p]) for p in ("p1", "p2", "p3")]
-    assert r.plan(2, ITEM, all_unknown, ReaderSettings()) == []  # nothing left to distil
+    assert r.plan(2, ITEM, all_unknown, knobs(r)) == []  # nothing left to distil
     assert r.decide(ITEM, all_unknown).chosen == "unknown"
 
 
@@ -101,14 +106,14 @@ def test_sure_candidate_parser_is_robust(output, expected):
 
 def test_sure_makes_seven_calls_and_decides_by_v_plus_r_with_ties_to_first():
     r = get_reader("sure")
-    (c1,) = r.plan(1, ITEM, [], ReaderSettings())
+    (c1,) = r.plan(1, ITEM, [], knobs(r))
     assert "(a) xx, (b) yy" in c1.prompt and "Passage #1 Title: Broncos\nPassage #1 Text: The Denver Broncos won." in c1.prompt
     hist = [gen(1, "candidates", "", output="(a) Carolina Panthers, (b) Denver Broncos")]
-    summaries = r.plan(2, ITEM, hist, ReaderSettings())
+    summaries = r.plan(2, ITEM, hist, knobs(r))
     assert len(summaries) == 2 and "Prediction:(b) Denver Broncos" in summaries[1].prompt
     assert "Choices:(a) Carolina Panthers (b) Denver Broncos" in summaries[0].prompt
     hist += [gen(2, "summary", "S-panthers"), gen(2, "summary", "S-broncos")]
-    third = r.plan(3, ITEM, hist, ReaderSettings())
+    third = r.plan(3, ITEM, hist, knobs(r))
     assert [c.role for c in third] == ["validity", "validity", "rank", "rank"]
     assert third[2].prompt.index("S-panthers") < third[2].prompt.index("S-broncos")  # order (s1, s2)
     assert third[3].prompt.index("S-broncos") < third[3].prompt.index("S-panthers")  # and (s2, s1)
@@ -134,11 +139,12 @@ def test_sure_with_three_candidates_ranks_every_pair_and_averages_eq_5():
     Hand-computed: pair (1,2) both orders name s1 -> r = (1, 0); pair (1,3) each order names its first passage
     (order bias) -> 0.5 each; pair (2,3) only the first order readable, naming s3 -> s3 gets 1. Sums (1.5, 0, 1.5),
     means (0.75, 0, 0.75); validity False, False, True -> v = (0, 0, 1): scores (0.75, 0, 1.75), s3 chosen."""
-    r, three = get_reader("sure"), ReaderSettings(candidates=3)
+    r = get_reader("sure")
+    three = knobs(r, candidates=3)
     (c1,) = r.plan(1, ITEM, [], three)
     assert "provide three correct candidates" in c1.prompt and "(a) xx, (b) yy, (c) zz, and should not" in c1.prompt
-    assert r.version_for(three).endswith("+k3-reconstructed") and r.version_for(ReaderSettings()) == r.prompt_version
-    (c1_default,) = r.plan(1, ITEM, [], ReaderSettings())
+    assert r.version_for(three).endswith("+k3-reconstructed") and r.version_for(knobs(r)) == r.prompt_version
+    (c1_default,) = r.plan(1, ITEM, [], knobs(r))
     assert "provide two correct candidates" in c1_default.prompt  # K = 2 stays the official string
     hist = [gen(1, "candidates", "", output="(a) Panthers, (b) Broncos, (c) Patriots")]
     assert [c.prompt.split("Prediction:")[1].split("\n")[0] for c in r.plan(2, ITEM, hist, three)] == [
@@ -167,9 +173,10 @@ def test_sure_with_three_candidates_ranks_every_pair_and_averages_eq_5():
 def test_candidates_applies_to_sure_only_and_names_the_cell():
     spec = {"name": "x", "retrievers": ["bm25@10"], "readers": [{"name": "sure", "candidates": 3}]}
     assert parse_spec(spec).reader_entries()[0].key == "sure(candidates=3)"
-    assert settings_for(parse_spec(spec).reader_entries()[0]).candidates == 3
-    assert "candidates" not in parse_spec({**spec, "readers": ["sure"]}).reader_entries()[0].settings_dict()
-    with pytest.raises(SpecError, match="'sure_base' asks for no answer candidates, so 'candidates' does not apply"):
+    assert parse_spec(spec).reader_entries()[0].settings.candidates == 3
+    assert "candidates" not in parse_spec({**spec, "readers": ["sure"]}).reader_entries()[0].call_settings()
+    with pytest.raises(SpecError, match=r"readers\[0\]\.candidates: 3: 'sure_base' has no setting 'candidates' \(its "
+                       r"settings: none\); it is a setting of sure$"):
         parse_spec({**spec, "readers": [{"name": "sure_base", "candidates": 3}]})
     with pytest.raises(SpecError, match="candidates"):
         parse_spec({**spec, "readers": [{"name": "sure", "candidates": 4}]})
@@ -178,7 +185,7 @@ def test_candidates_applies_to_sure_only_and_names_the_cell():
 def test_sure_degenerate_candidates_make_no_further_calls():
     r = get_reader("sure")
     one = [gen(1, "candidates", "", output="Paris")]
-    assert r.plan(2, ITEM, one, ReaderSettings()) == [] and r.plan(3, ITEM, one, ReaderSettings()) == []
+    assert r.plan(2, ITEM, one, knobs(r)) == [] and r.plan(3, ITEM, one, knobs(r)) == []
     assert r.decide(ITEM, one).chosen == "Paris"
     none = [gen(1, "candidates", "", output="", status="empty")]
     assert r.decide(ITEM, none).chosen == "unknown"
@@ -199,7 +206,7 @@ def test_sure_label_parsers_never_crash():
 
 
 def test_sure_base_is_listing_5():
-    (call,) = get_reader("sure_base").plan(1, ITEM, [], ReaderSettings())
+    (call,) = get_reader("sure_base").plan(1, ITEM, [], knobs(get_reader("sure_base")))
     assert "Task description: predict the answer to the following question. Do not exceed 3 words." in call.prompt
     (closed,) = get_reader("sure_base").plan(1, ReaderInput("q", "Q?", ()), [], ReaderSettings())
     assert closed.prompt.startswith("Task description") and closed.passage_ids == ()
@@ -209,18 +216,18 @@ def test_sure_base_is_listing_5():
 
 def test_sure_generic_summarizes_then_predicts_from_the_summary():
     r = get_reader("sure_generic")
-    (summary,) = r.plan(1, ITEM, [], ReaderSettings())
+    (summary,) = r.plan(1, ITEM, [], knobs(r))
     assert summary.prompt.startswith("\n\nPassage #1 Title: Broncos\nPassage #1 Text: The Denver Broncos won.")
     assert "support the prediction about the question only based on" in summary.prompt  # Listing 6, no conditioning
     assert "Choices:" not in summary.prompt and summary.prompt.endswith("Question: Who won Super Bowl 50?\nPassage: ")
     text = "The Denver Broncos won Super Bowl 50. [DONE]"
     hist = [gen(1, "summary", parse_output(text, "sure_summary")[0], output=text)]
-    (pred,) = r.plan(2, ITEM, hist, ReaderSettings())
+    (pred,) = r.plan(2, ITEM, hist, knobs(r))
     assert pred.prompt == official_generic_prediction(ITEM.question, "The Denver Broncos won Super Bowl 50.")
     assert "Passage #1" not in pred.prompt and pred.passage_ids == ()
     assert r.decide(ITEM, [*hist, gen(2, "answer", "Denver Broncos")]).chosen == "Denver Broncos"
     empty = [gen(1, "summary", "", status="empty", output="[DONE]")]
-    assert r.plan(2, ITEM, empty, ReaderSettings()) == []
+    assert r.plan(2, ITEM, empty, knobs(r)) == []
     assert r.decide(ITEM, empty).chosen == "unknown"
 
 
@@ -236,11 +243,11 @@ def test_sure_generic_summarizes_then_predicts_from_the_summary():
 ])  # fmt: skip
 def test_sure_mcq_offers_the_candidates_and_maps_the_pick(output, chosen, method):
     r = get_reader("sure_mcq")
-    (cands,) = r.plan(1, ITEM, [], ReaderSettings())
-    assert cands == get_reader("sure").plan(1, ITEM, [], ReaderSettings())[0]  # the same call: shared via the LLM cache
+    (cands,) = r.plan(1, ITEM, [], knobs(r))
+    assert cands == get_reader("sure").plan(1, ITEM, [], knobs(get_reader("sure")))[0]  # the same call: shared via the LLM cache
     out = "(a) Denver Broncos, (b) Carolina Panthers"
     hist = [gen(1, "candidates", parse_output(out, "sure_candidates")[0], output=out)]
-    (mcq,) = r.plan(2, ITEM, hist, ReaderSettings())
+    (mcq,) = r.plan(2, ITEM, hist, knobs(r))
     assert "Task description: predict the answer to the following question. Do not exceed 3 words." in mcq.prompt
     assert mcq.prompt.endswith("Question: Who won Super Bowl 50?.\n\nChoices: (a) Denver Broncos (b) Carolina Panthers\n\n"
                                "Answer: ")
@@ -251,7 +258,7 @@ def test_sure_mcq_offers_the_candidates_and_maps_the_pick(output, chosen, method
 def test_sure_mcq_with_one_candidate_makes_no_second_call():
     r = get_reader("sure_mcq")
     hist = [gen(1, "candidates", "Denver Broncos", output="Denver Broncos")]
-    assert r.plan(2, ITEM, hist, ReaderSettings()) == []
+    assert r.plan(2, ITEM, hist, knobs(r)) == []
     assert r.decide(ITEM, hist).chosen == "Denver Broncos"
     sentence = "The passages do not say which team won the game."  # kept whole, as the official handle_except keeps it
     assert r.decide(ITEM, [gen(1, "candidates", "", output=sentence)]).chosen == "The passages do not say which team won the game"
@@ -403,23 +410,23 @@ def sure_history(v1: str, v2: str, rank1: str, rank2: str) -> list[Generation]:
 
 def test_sure_prompts_are_the_official_strings():
     r, q, ctx = get_reader("sure"), ITEM.question, _ctx(ITEM)
-    (c1,) = r.plan(1, ITEM, [], ReaderSettings())
+    (c1,) = r.plan(1, ITEM, [], knobs(r))
     assert c1.prompt == official_query_candidate(q, ctx)
     out = "(a) Carolina Panthers, (b) Denver Broncos, (c) Seattle Seahawks"
     hist = [gen(1, "candidates", "", output=out)]
     choices = official_candidates(out)
-    summaries = r.plan(2, ITEM, hist, ReaderSettings())  # two summaries; the choices line lists all three candidates
+    summaries = r.plan(2, ITEM, hist, knobs(r))  # two summaries; the choices line lists all three candidates
     assert [c.prompt for c in summaries] == [official_summary_prompt(q, ctx, choices, k) for k in (0, 1)]
     hist += [gen(2, "summary", "S-panthers"), gen(2, "summary", "S-broncos")]
-    assert [c.prompt for c in r.plan(3, ITEM, hist, ReaderSettings())] == [
+    assert [c.prompt for c in r.plan(3, ITEM, hist, knobs(r))] == [
         official_verification(q, "Carolina Panthers", "S-panthers"), official_verification(q, "Denver Broncos", "S-broncos"),
         official_ranking(q, "S-panthers", "S-broncos"), official_ranking(q, "S-broncos", "S-panthers")]
-    (base,) = get_reader("sure_base").plan(1, ITEM, [], ReaderSettings())
+    (base,) = get_reader("sure_base").plan(1, ITEM, [], knobs(get_reader("sure_base")))
     assert base.prompt == official_query_baseline(q, ctx)
     (closed,) = get_reader("sure_base").plan(1, ReaderInput("q", "who won super bowl 50", ()), [], ReaderSettings())
     assert closed.prompt == official_query_baseline("who won super bowl 50", [])  # No retrieval: N = 0
     generic = get_reader("sure_generic")
-    assert generic.plan(1, ITEM, [], ReaderSettings())[0].prompt == official_generic_summary(q, ctx)
+    assert generic.plan(1, ITEM, [], knobs(generic))[0].prompt == official_generic_summary(q, ctx)
 
 
 @pytest.mark.parametrize("output", [
@@ -505,7 +512,7 @@ def test_table3_conditional_summaries_row_appends_sures_summaries_to_base():
 
 def test_refeed_retrieves_with_question_plus_answer_and_refines():
     r = get_reader("refeed")
-    (initial,) = r.plan(1, ITEM, [], ReaderSettings())
+    (initial,) = r.plan(1, ITEM, [], knobs(r))
     assert initial.passage_ids == () and initial.logprobs and initial.temperature == 0.0
     assert initial.prompt == "Question: Who won Super Bowl 50? The answer is"
     queries = []
@@ -515,7 +522,7 @@ def test_refeed_retrieves_with_question_plus_answer_and_refines():
         return [Passage("f1", "Feedback doc one."), Passage("f2", "Feedback doc two.")]
 
     hist = [gen(1, "initial", "Carolina Panthers", lp=-0.2, p=0.8)]
-    (refine,) = r.plan(2, ITEM, hist, ReaderSettings(retrieve=retrieve, feedback_k=10))
+    (refine,) = r.plan(2, ITEM, hist, knobs(r, retrieve=retrieve, feedback_k=10))
     assert queries == [("Who won Super Bowl 50? Carolina Panthers", 10)]
     assert refine.passage_ids == ("f1", "f2") and refine.logprobs
     # Table 11 in §4.1's order [prompt words; passage; question]: the instruction, the documents, the question,
@@ -526,8 +533,8 @@ def test_refeed_retrieves_with_question_plus_answer_and_refines():
     assert refine.system == initial.system and initial.system.count("Question:") == 5  # the five printed shots
     docs = r.feedback_documents(ITEM.question, "refine", refine.prompt)
     assert docs == "Passage: Feedback doc one.\nPassage: Feedback doc two."
-    assert r.plan(2, ITEM, hist, ReaderSettings()) == []  # closed-book cell: no retriever, no refinement
-    r.plan(2, ITEM, hist, ReaderSettings(retrieve=retrieve))
+    assert r.plan(2, ITEM, hist, knobs(r)) == []  # closed-book cell: no retriever, no refinement
+    r.plan(2, ITEM, hist, knobs(r, retrieve=retrieve))
     assert queries[-1][1] == 10  # the paper's k by default
 
     keep_initial = r.decide(ITEM, [*hist, gen(2, "refine", "Denver Broncos", lp=-0.9, p=0.4)])
@@ -548,25 +555,26 @@ def test_refeed_table11_titles_shots_and_the_initial_answer_option():
         return [Passage("d1", "Deadpool: Screen Rant called it a campaign.", title="Deadpool")]
 
     hist = [gen(1, "initial", "Carolina Panthers")]
-    (refine,) = r.plan(2, ITEM, hist, ReaderSettings(retrieve=retrieve))
+    (refine,) = r.plan(2, ITEM, hist, knobs(r, retrieve=retrieve))
     assert "\nTitle: Deadpool. Passage: Screen Rant called it a campaign.\n" in refine.prompt
-    (zero,) = r.plan(1, ITEM, [], ReaderSettings(shots=0))
+    (zero,) = r.plan(1, ITEM, [], knobs(r, shots=0))
     assert zero.system == "" and zero.prompt == "Question: Who won Super Bowl 50? The answer is"
-    (two,) = r.plan(1, ITEM, [], ReaderSettings(shots=2))
+    (two,) = r.plan(1, ITEM, [], knobs(r, shots=2))
     assert two.system.splitlines() == ["Question: total number of death row inmates in the us? The answer is 2,718",
                                        "Question: big little lies season 2 how many episodes? The answer is seven"]
-    (shown,) = r.plan(2, ITEM, hist, ReaderSettings(retrieve=retrieve, show_initial=True))
+    (shown,) = r.plan(2, ITEM, hist, knobs(r, retrieve=retrieve, show_initial=True))
     assert shown.prompt.endswith("Passage: Screen Rant called it a campaign.\n"
                                  "Initial answer (before reading the passages): Carolina Panthers\n"
                                  "Question: Who won Super Bowl 50?\nThe answer is")
     shown_docs = r.feedback_documents(ITEM.question, "refine", shown.prompt)
     assert shown_docs == "Title: Deadpool. Passage: Screen Rant called it a campaign."
-    versions = {r.version_for(ReaderSettings()), r.version_for(ReaderSettings(shots=0)),
-                r.version_for(ReaderSettings(show_initial=True))}
+    versions = {r.version_for(knobs(r)), r.version_for(knobs(r, shots=0)),
+                r.version_for(knobs(r, show_initial=True))}
     assert len(versions) == 3
     spec = parse_spec({"name": "t", "retrievers": ["bm25@5"], "readers": [{"name": "refeed", "shots": 0}]})
-    assert spec.reader_entries()[0].key == "refeed(shots=0)" and settings_for(spec.reader_entries()[0]).shots == 0
-    with pytest.raises(SpecError, match="'concatenation' has no demonstrations, so 'shots' does not apply"):
+    assert spec.reader_entries()[0].key == "refeed(shots=0)" and spec.reader_entries()[0].settings.shots == 0
+    with pytest.raises(SpecError, match=r"readers\[0\]\.shots: 0: 'concatenation' has no setting 'shots' \(its settings: "
+                       r"samples, sample_temperature\); it is a setting of refeed, refeed_refined, retrieve_read"):
         parse_spec({"name": "t", "retrievers": ["bm25@5"], "readers": [{"name": "concatenation", "shots": 0}]})
 
 
@@ -576,7 +584,7 @@ def test_retrieve_read_is_table_11s_prompt_over_the_cells_own_retrieval():
     author, has the same order); the first `shots` demonstrations as the system prompt; one greedy call; the answer
     as written."""
     r = get_reader("retrieve_read")
-    (call,) = r.plan(1, ITEM, [], ReaderSettings(shots=0))
+    (call,) = r.plan(1, ITEM, [], knobs(r, shots=0))
     assert call.prompt == ("Refer to the passages below and answer the following question with just a few words.\n"
                            "Title: Broncos. Passage: The Denver Broncos won.\n"
                            "Title: Panthers. Passage: The Carolina Panthers lost.\n"
@@ -584,24 +592,31 @@ def test_retrieve_read_is_table_11s_prompt_over_the_cells_own_retrieval():
                            "Question: Who won Super Bowl 50?\n"
                            "The answer is")
     assert call.system == "" and call.passage_ids == ("p1", "p2", "p3") and call.temperature == 0.0
-    assert r.plan(1, ITEM, [], ReaderSettings()).pop().system.count("The answer is") == 5  # all five by default
-    closed = r.plan(1, ReaderInput("q1", "Who won Super Bowl 50?", ()), [], ReaderSettings(shots=0)).pop()
+    assert r.plan(1, ITEM, [], knobs(r)).pop().system.count("The answer is") == 5  # all five by default
+    closed = r.plan(1, ReaderInput("q1", "Who won Super Bowl 50?", ()), [], knobs(r, shots=0)).pop()
     assert closed.prompt == "Question: Who won Super Bowl 50? The answer is"  # no passages: Table 10's QA prompt
     output = " Denver Broncos."
     d = r.decide(ITEM, [gen(1, "answer", parse_output(output, "answer_is")[0], output=output)])
     assert (d.method, d.chosen) == ("single", "Denver Broncos")
-    assert r.version_for(ReaderSettings(shots=0)) != r.version_for(ReaderSettings())
+    assert r.version_for(knobs(r, shots=0)) != r.version_for(knobs(r))
     spec = parse_spec({"name": "t", "retrievers": ["bm25@5"], "readers": [{"name": "retrieve_read", "shots": 0}]})
     assert spec.reader_entries()[0].key == "retrieve_read(shots=0)"
-    with pytest.raises(SpecError, match="'retrieve_read' retrieves no feedback documents, so 'feedback_k'"):
+    with pytest.raises(SpecError, match="'retrieve_read' has no setting 'feedback_k'"):
         parse_spec({"name": "t", "retrievers": ["bm25@5"], "readers": [{"name": "retrieve_read", "feedback_k": 5}]})
 
 
 def test_settings_added_later_leave_the_settings_of_older_entries_unchanged():
-    """Cache keys of entries written before `shots`/`show_initial` existed stay the same."""
+    """Cache keys of entries written before `shots`/`show_initial` existed, and before each reader declared its own
+    settings, stay the same; a stored spec's legacy settings at their defaults still read."""
     spec = parse_spec({"name": "t", "retrievers": ["bm25@5"], "readers": [{"name": "post_fusion", "samples": 3}]})
-    assert spec.reader_entries()[0].settings_dict() == {"samples": 3, "sample_temperature": 0.7, "feedback_k": None,
-                                                          "feedback_samples": None}
+    assert spec.reader_entries()[0].call_settings() == {"samples": 3, "sample_temperature": 0.7, "feedback_k": None,
+                                                        "feedback_samples": None}
+    stored = {"name": "post_fusion", "samples": 3, "sample_temperature": 0.7, "feedback_k": None, "feedback_samples": None,
+              "shots": None, "show_initial": False, "candidates": None, "vote": "majority", "label": None}
+    again = parse_spec({"name": "t", "retrievers": ["bm25@5"], "readers": [stored]})
+    assert again.reader_entries() == spec.reader_entries() and again.spec_hash() == spec.spec_hash()
+    with pytest.raises(SpecError, match=r"readers\[0\]\.shots: 2: 'post_fusion' has no setting 'shots'"):
+        parse_spec({"name": "t", "retrievers": ["bm25@5"], "readers": [{**stored, "shots": 2}]})
 
 
 def test_refeed_output_probability_is_the_arithmetic_mean_over_all_output_tokens():
@@ -644,11 +659,11 @@ def test_answer_token_prob_is_the_arithmetic_mean_over_the_answer_tokens():
 
 def test_refeed_module1_samples_merges_feedback_by_score_and_ensembles():
     r = get_reader("refeed")
-    s3 = ReaderSettings(feedback_samples=3, feedback_k=3)
+    s3 = knobs(r, feedback_samples=3, feedback_k=3)
     initial = r.plan(1, ITEM, [], s3)
     assert [c.sample_index for c in initial] == [0, 1, 2]
     assert {(c.temperature, c.top_p, c.logprobs) for c in initial} == {(0.7, 0.9, True)}
-    assert r.version_for(s3) != r.version_for(ReaderSettings()) == r.prompt_version
+    assert r.version_for(s3) != r.version_for(knobs(r)) == r.prompt_version
     p1, p2 = Passage("p1", "Broncos won.", score=12.0), Passage("p2", "Panthers lost.", score=5.0)
     lists = {
         "Who won Super Bowl 50? Carolina Panthers": [Passage("p2", "Panthers lost.", score=9.0), Passage("w", "x", score=2.0)],
@@ -662,7 +677,7 @@ def test_refeed_module1_samples_merges_feedback_by_score_and_ensembles():
 
     hist = [gen(1, "initial", a, lp=-0.5, p=lp, sample=j)
             for j, (a, lp) in enumerate((("Carolina Panthers", 0.7), ("Denver Broncos", 0.45), ("Carolina Panthers", 0.7)))]
-    (refine,) = r.plan(2, ITEM, hist, ReaderSettings(retrieve=retrieve, feedback_samples=3, feedback_k=3))
+    (refine,) = r.plan(2, ITEM, hist, knobs(r, retrieve=retrieve, feedback_samples=3, feedback_k=3))
     assert queries == [("Who won Super Bowl 50? Carolina Panthers", 3), ("Who won Super Bowl 50? Denver Broncos", 3)]
     assert refine.passage_ids == ("p1", "p2", "x")  # merged, deduplicated at the best score, top k = 3
     assert "Initial answers (before reading the passages): Carolina Panthers; Denver Broncos\n" in refine.prompt
@@ -688,9 +703,9 @@ def test_feedback_settings_only_for_refeed_and_enter_labels():
     spec = parse_spec({"name": "t", "retrievers": ["bm25@5"],
                        "readers": ["refeed", {"name": "refeed", "feedback_samples": 3}]})
     assert [e.key for e in spec.reader_entries()] == ["refeed", "refeed(feedback_samples=3)"]
-    assert settings_for(spec.reader_entry("refeed(feedback_samples=3)")).feedback_samples == 3
-    assert settings_for(spec.reader_entry("refeed")).feedback_samples == 1
-    with pytest.raises(SpecError, match="'sure' retrieves no feedback documents, so 'feedback_samples' does not apply"):
+    assert spec.reader_entry("refeed(feedback_samples=3)").settings.initial_answers == 3
+    assert spec.reader_entry("refeed").settings.initial_answers == 1
+    with pytest.raises(SpecError, match=r"'sure' has no setting 'feedback_samples'.*a setting of refeed, refeed_refined"):
         parse_spec({"name": "t", "retrievers": ["bm25@5"], "readers": [{"name": "sure", "feedback_samples": 3}]})
     with pytest.raises(SpecError, match=r"readers\[0\]\.feedback_samples"):
         parse_spec({"name": "t", "retrievers": ["bm25@5"], "readers": [{"name": "refeed", "feedback_samples": 1}]})
@@ -709,14 +724,15 @@ def test_reader_entries_accept_names_and_settings():
                                                                          {"name": "refeed", "feedback_k": 10}]})
     keys = [e.key for e in spec.reader_entries()]
     assert keys == ["post_fusion", "post_fusion(samples=3)", "refeed(feedback_k=10)"]
-    s = settings_for(spec.reader_entry("post_fusion(samples=3)"))
+    s = spec.reader_entry("post_fusion(samples=3)").settings
     assert s.samples == 3 and s.sample_temperature == 0.7
     assert spec.spec_hash() != parse_spec({"name": "t", "retrievers": ["bm25@5"], "readers": ["post_fusion"]}).spec_hash()
     with pytest.raises(SpecError, match="duplicate reader entries"):
         parse_spec({"name": "t", "retrievers": ["bm25@5"], "readers": ["sure", {"name": "sure"}]})
     with pytest.raises(SpecError, match="samples"):
         parse_spec({"name": "t", "retrievers": ["bm25@5"], "readers": [{"name": "sure", "samples": 0}]})
-    with pytest.raises(SpecError, match=r"readers\[0\]\.colour: unknown field"):
+    with pytest.raises(SpecError, match=r"readers\[0\]\.colour: 'red': 'sure' has no setting 'colour' \(its settings: "
+                       r"candidates\)$"):
         parse_spec({"name": "t", "retrievers": ["bm25@5"], "readers": [{"name": "sure", "colour": "red"}]})
     with pytest.raises(SpecError, match=r"readers\[1\]: expected a reader name or a mapping"):
         parse_spec({"name": "t", "retrievers": ["bm25@5"], "readers": ["sure", 3]})

@@ -49,7 +49,7 @@ READERS: list[tuple[object, set[str]]] = [
 def _label(entry: object) -> str:
     from schemas.spec import ReaderEntry
 
-    return entry if isinstance(entry, str) else ReaderEntry(**entry).key
+    return entry if isinstance(entry, str) else ReaderEntry.parse(entry).key
 
 
 def _run(tmp_path, spec: dict) -> dict:

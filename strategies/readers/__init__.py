@@ -1,8 +1,8 @@
-"""Reader strategies. Adding one = one module here plus one entry in READERS."""
+"""Reader strategies. Adding one = one module here plus one entry in READERS; its knobs are its `Settings` model."""
 
 from __future__ import annotations
 
-from strategies.readers.base import Reader, ReaderSettings
+from strategies.readers.base import Reader
 from strategies.readers.concatenation import Concatenation
 from strategies.readers.cot_001 import PruningPrompt, SummaryPrompt
 from strategies.readers.fallback_001 import ConcatThenPF, PFThenConcat
@@ -36,10 +36,3 @@ def get_reader(name: str) -> Reader:
     except KeyError:
         raise ValueError(f"unknown reader strategy {name!r}; known: {', '.join(sorted(READERS))}") from None
 
-
-def settings_for(entry, retrieve=None) -> ReaderSettings:
-    """ReaderSettings from a spec reader entry (schemas.spec.ReaderEntry)."""
-    return ReaderSettings(samples=entry.samples, sample_temperature=entry.sample_temperature,
-                          retrieve=retrieve, feedback_k=entry.feedback_k,
-                          feedback_samples=entry.feedback_samples or 1, vote=entry.vote, shots=entry.shots,
-                          show_initial=entry.show_initial, candidates=entry.candidates)

@@ -12,9 +12,11 @@ from __future__ import annotations
 import math
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from core.answers import is_unknown, normalize_answer
 
@@ -80,22 +82,41 @@ class Decision:
     chosen: str
 
 
-@dataclass(frozen=True)
-class ReaderSettings:
-    """Reader-independent knobs from the spec."""
+class ReaderSettings(BaseModel):
+    """A reader's settings from the spec: each reader declares its own subclass (`Reader.Settings`), whose fields are
+    the knobs a spec's reader entry may set. Every field changes the reader's model calls (it enters the generate
+    cache keys) unless named in `decides_only` (it then enters the vote key only)."""
 
-    samples: int = 1  # self-consistency: p samples per call at `sample_temperature`
-    sample_temperature: float = 0.7
-    extra: Mapping[str, object] = field(default_factory=dict)
-    # REFEED-style feedback retrieval: (query text, k or None for the cell's k) -> passages, best
-    # first. Provided by the generate stage from the cell's retriever; None when there is none.
-    retrieve: Callable[[str, int | None], list[Passage]] | None = field(default=None, compare=False, repr=False)
-    feedback_k: int | None = None
-    feedback_samples: int = 1  # REFEED MODULE-1: n sampled initial answers, one feedback retrieval each
-    vote: str = "majority"  # how an answer pool becomes one answer (POOL_VOTES); readers with a pool use it
-    shots: int | None = None  # REFEED: demonstrations in its prompts (None: all that the paper prints)
-    show_initial: bool = False  # REFEED: the refine prompt shows the initial answer (an ablation)
-    candidates: int | None = None  # SuRe: K answer candidates (None: the paper's 2)
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    decides_only: ClassVar[frozenset[str]] = frozenset()
+    # feedback retrieval, provided by the generate stage from the cell's retriever (`with_retrieval`): (query text,
+    # k or None for the cell's k) -> passages, best first; None without one. A run's tool, not a setting.
+    _retrieve: Callable[[str, int | None], list[Passage]] | None = PrivateAttr(None)
+
+    @property
+    def retrieve(self) -> Callable[[str, int | None], list[Passage]] | None:
+        return self._retrieve
+
+    def with_retrieval(self, retrieve: Callable[[str, int | None], list[Passage]] | None) -> ReaderSettings:
+        out = self.model_copy()
+        out._retrieve = retrieve
+        return out
+
+
+class SampledSettings(ReaderSettings):
+    """Self-consistency (seed 001 §4.4): the reader's calls are sampled `samples` times."""
+
+    samples: int = Field(1, ge=1, le=64, description="self-consistency: p samples per call (seed 001 §4.4)")
+    sample_temperature: float = Field(0.7, ge=0, le=2, description="temperature of the p samples")
+
+
+class PooledSettings(SampledSettings):
+    """A reader that decides over an answer pool: self-consistency, and how the pool becomes one answer."""
+
+    decides_only: ClassVar[frozenset[str]] = frozenset({"vote"})
+    vote: Literal["majority", "first"] = Field("majority", description="how the answer pool becomes one answer: "
+                                               "majority (001 eq. 2) or first non-unknown by passage rank; changes no "
+                                               "model call")
 
 
 class Reader(ABC):
@@ -104,11 +125,9 @@ class Reader(ABC):
     vote_version: str = "1"  # enters the vote cache keys only: a new decision rule re-runs no model call
     rounds: int = 1
     needs_logprobs: bool = False  # the embedded server then keeps all logits (slower prompts, more memory)
-    votes_over_pool: bool = False  # decides over an answer pool, so the spec's `vote` setting applies
-    retrieves_feedback: bool = False  # retrieves again with its own queries, so `feedback_k`/`feedback_samples` apply
+    Settings: ClassVar[type[ReaderSettings]] = ReaderSettings  # the knobs a spec's reader entry may set
+    retrieves_feedback: bool = False  # retrieves again with its own queries (`settings.retrieve`)
     narrows_context: bool = False  # its final call may read less than the cell's retrieval (`final_context`)
-    takes_shots: bool = False  # its prompts carry seed 003's demonstrations, so `shots` applies
-    takes_candidates: bool = False  # asks for K answer candidates (SuRe), so `candidates` applies
 
     def version_for(self, settings: ReaderSettings) -> str:
         """The prompt version of this reader under these settings (enters the generate cache keys and the

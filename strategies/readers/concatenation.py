@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from strategies.readers.base import Call, Decision, Generation, Reader, ReaderInput, ReaderSettings, fill
+from strategies.readers.base import Call, Decision, Generation, Reader, ReaderInput, ReaderSettings, SampledSettings, fill
 from strategies.readers.prompts_001 import FIG7_SYSTEM, FIG7_USER, FIG7_VERSION, majority_vote_or_single
 
 
@@ -14,6 +14,7 @@ class Concatenation(Reader):
     name = "concatenation"
     prompt_version = FIG7_VERSION
     rounds = 1
+    Settings = SampledSettings
 
     def plan(self, round_no: int, item: ReaderInput, history: list[Generation], settings: ReaderSettings) -> list[Call]:
         prompt = fill(FIG7_USER, retrieved_topk_context=join_passages(item.passages), question=item.question)

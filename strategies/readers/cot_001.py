@@ -4,7 +4,7 @@ top-k passages in one call; the answer is the text after the last "Answer:". Wit
 
 from __future__ import annotations
 
-from strategies.readers.base import Call, Decision, Generation, Reader, ReaderInput, ReaderSettings, fill
+from strategies.readers.base import Call, Decision, Generation, Reader, ReaderInput, ReaderSettings, SampledSettings, fill
 from strategies.readers.prompts_001 import (
     COT_MAX_TOKENS,
     COT_USER,
@@ -20,6 +20,7 @@ class _CoTPrompt(Reader):
     system: str
     prompt_version = COT_VERSION
     rounds = 1
+    Settings = SampledSettings
 
     def plan(self, round_no: int, item: ReaderInput, history: list[Generation], settings: ReaderSettings) -> list[Call]:
         prompt = fill(COT_USER, retrieved_topk_context=numbered_context(item.passages), question=item.question)

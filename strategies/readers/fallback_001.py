@@ -13,7 +13,18 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from core.answers import is_unknown, normalize_answer
-from strategies.readers.base import Call, Decision, Generation, Reader, ReaderInput, ReaderSettings, fill, pool_vote
+from strategies.readers.base import (
+    Call,
+    Decision,
+    Generation,
+    PooledSettings,
+    Reader,
+    ReaderInput,
+    ReaderSettings,
+    SampledSettings,
+    fill,
+    pool_vote,
+)
 from strategies.readers.concatenation import Concatenation, join_passages
 from strategies.readers.post_fusion import post_fusion_calls
 from strategies.readers.prompts_001 import DISTILL_USER, DISTILL_VERSION, FIG7_SYSTEM, FIG7_VERSION, majority_vote_or_single
@@ -27,7 +38,7 @@ class ConcatThenPF(Reader):
     name = "concat_pf"
     prompt_version = FIG7_VERSION
     rounds = 2
-    votes_over_pool = True  # the Post-Fusion fallback's pool
+    Settings = PooledSettings  # the Post-Fusion fallback's pool
 
     def plan(self, round_no: int, item: ReaderInput, history: list[Generation], settings: ReaderSettings) -> list[Call]:
         if round_no == 1:
@@ -50,6 +61,7 @@ class PFThenConcat(Reader):
     name = "pf_concat"
     prompt_version = f"{FIG7_VERSION}+{DISTILL_VERSION}"
     rounds = 2
+    Settings = SampledSettings
 
     @staticmethod
     def kept(item: ReaderInput, history: list[Generation]) -> tuple[list, list[str]]:

@@ -6,6 +6,7 @@ from strategies.readers.base import (
     Call,
     Decision,
     Generation,
+    PooledSettings,
     Reader,
     ReaderInput,
     ReaderSettings,
@@ -33,7 +34,7 @@ class PostFusion(Reader):
     name = "post_fusion"
     prompt_version = FIG7_VERSION
     rounds = 1
-    votes_over_pool = True
+    Settings = PooledSettings
 
     def plan(self, round_no: int, item: ReaderInput, history: list[Generation], settings: ReaderSettings) -> list[Call]:
         return post_fusion_calls(item, settings)

@@ -26,6 +26,8 @@ from __future__ import annotations
 import math
 import re
 
+from pydantic import Field
+
 from strategies.readers.base import (
     Call,
     Decision,
@@ -144,6 +146,27 @@ def feedback_queries(question: str, answers: list[str]) -> list[str]:
     return out
 
 
+class RefeedSettings(ReaderSettings):
+    feedback_k: int | None = Field(None, gt=0, le=100, description="documents retrieved with question+answer; default "
+                                   f"{FEEDBACK_K} (seed 003)")
+    feedback_samples: int | None = Field(None, ge=2, le=20, description="MODULE-1 (seed 003 §3.2.2): n initial answers "
+                                         "sampled at temperature 0.7, top_p 0.9; one feedback retrieval each, merged "
+                                         "by retrieval score to the top feedback_k")
+    shots: int | None = Field(None, ge=0, le=5, description="demonstrations in the prompts, the first N of the five "
+                              "printed in seed 003 Tables 10-11 (default all five); 0 is Table 2's zero-shot setting")
+    show_initial: bool = Field(False, description="the refine prompt also shows the initial answer (an ablation; Table "
+                               "11 shows question, documents and instruction only)")
+
+    @property
+    def initial_answers(self) -> int:
+        """How many initial answers round 1 samples (MODULE-1's n; one greedy answer without it)."""
+        return self.feedback_samples or 1
+
+
+class ShotsSettings(ReaderSettings):
+    shots: int | None = RefeedSettings.model_fields["shots"]
+
+
 class Refeed(Reader):
     name = "refeed"
     prompt_version = f"{PROMPT_VERSION}+k{FEEDBACK_K}"  # the default feedback depth changes the calls too
@@ -151,16 +174,16 @@ class Refeed(Reader):
     vote_version = "3"  # MODULE-2 by the arithmetic mean probability of all output tokens (§3.2.2)
     needs_logprobs = True
     retrieves_feedback = True
-    takes_shots = True
+    Settings = RefeedSettings
 
     def version_for(self, settings: ReaderSettings) -> str:
-        version = f"{self.prompt_version}+{MODULE1_VERSION}" if settings.feedback_samples > 1 else self.prompt_version
+        version = f"{self.prompt_version}+{MODULE1_VERSION}" if settings.initial_answers > 1 else self.prompt_version
         if settings.shots is not None:
             version += f"+shots{settings.shots}"
         return version + ("+initial" if settings.show_initial else "")
 
     def plan(self, round_no: int, item: ReaderInput, history: list[Generation], settings: ReaderSettings) -> list[Call]:
-        n = settings.feedback_samples
+        n = settings.initial_answers
         system = demonstrations(settings.shots)
         if round_no == 1:
             prompt = fill(CLOSED_USER, question=item.question)
@@ -237,7 +260,7 @@ class RetrieveRead(Reader):
     name = "retrieve_read"
     prompt_version = f"{PROMPT_VERSION}-retrieve-read"
     rounds = 1
-    takes_shots = True
+    Settings = ShotsSettings
 
     def version_for(self, settings: ReaderSettings) -> str:
         return self.prompt_version + ("" if settings.shots is None else f"+shots{settings.shots}")

@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import re
 
+from pydantic import Field
+
 from core.answers import normalize_answer
 from strategies.readers.base import (
     Call,
@@ -279,8 +281,13 @@ def rank_calls(item: ReaderInput, summaries: list[str]) -> list[Call]:
                  (), max_tokens=LABEL_MAX_TOKENS, parser="passage_choice") for a, b in rank_orders(len(summaries))]
 
 
+class SuReSettings(ReaderSettings):
+    candidates: int | None = Field(None, ge=2, le=3, description=f"K answer candidates (seed 004; default {K} as in "
+                                   "§4.1); 3 is Table 6's, with a reconstructed round-1 prompt")
+
+
 def candidate_count(settings: ReaderSettings | None) -> int:
-    return (settings.candidates if settings is not None else None) or K
+    return (settings.candidates if isinstance(settings, SuReSettings) else None) or K
 
 
 def first_two_rounds(round_no: int, item: ReaderInput, history: list[Generation], k: int = K) -> list[Call] | None:
@@ -298,7 +305,7 @@ class SuRe(Reader):
     prompt_version = PROMPT_VERSION
     vote_version = f"{VOTE_VERSION}+r-mean"  # r(s_k) averaged over its K - 1 pairs (the same for K = 2)
     rounds = 3
-    takes_candidates = True
+    Settings = SuReSettings
 
     def version_for(self, settings: ReaderSettings) -> str:
         k = candidate_count(settings)
