@@ -14,7 +14,7 @@ import gzip
 import hashlib
 import io
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -71,10 +71,33 @@ def _check(path: Path, row: int | str, q: str, answers: object, qid: str) -> Que
     return Question(qid=qid, question=q.strip(), answers=answers)
 
 
+@dataclass(frozen=True)
+class DatasetFormat:
+    """A question file format, registered under its spec name (`dataset.name`) by `dataset_format`."""
+
+    load: Callable[[Path], list[Question]]  # the file's questions; DatasetError naming file, row and field
+    description: str
+    derived_ids: bool = False  # ids derived from the question text: a repeated question is kept, numbered by its row
+
+
+DATASET_FORMATS: dict[str, DatasetFormat] = {}
+
+
+def dataset_format(name: str, description: str, derived_ids: bool = False):
+    """Register a loader `(path) -> list[Question]` as the dataset format `name`: the spec accepts it from then on."""
+
+    def register(load: Callable[[Path], list[Question]]) -> Callable[[Path], list[Question]]:
+        DATASET_FORMATS[name] = DatasetFormat(load, description, derived_ids)
+        return load
+
+    return register
+
+
 def _fallback_id(prefix: str, question: str) -> str:
     return f"{prefix}-{hashlib.sha1(question.encode()).hexdigest()[:12]}"
 
 
+@dataset_format("squad", "SQuAD JSON (the gold paragraph is known)")
 def load_squad(path: Path) -> list[Question]:
     try:
         data = json.loads(_read_all(path))
@@ -133,6 +156,7 @@ def load_dpr_tsv(path: Path, prefix: str) -> list[Question]:
     return out
 
 
+@dataset_format("webquestions", "WebQuestions: a JSON list of {qId, qText, answers}")
 def load_webquestions(path: Path) -> list[Question]:
     try:
         data = json.loads(_read_all(path))
@@ -148,6 +172,20 @@ def load_webquestions(path: Path) -> list[Question]:
         qid = str(obj.get("qId") or _fallback_id("wq", str(q)))
         out.append(_check(path, row, q, obj.get("answers"), qid))
     return out
+
+
+dataset_format("nq-open", "NQ-open JSON lines {question, answer: [...]}", derived_ids=True)(
+    lambda p: load_answer_jsonl(p, "nq"))
+dataset_format("triviaqa", "TriviaQA JSON lines {question, answer: [...]}", derived_ids=True)(
+    lambda p: load_answer_jsonl(p, "tqa"))
+dataset_format("jsonl", "JSON lines of {id?, question, answers}")(lambda p: load_answer_jsonl(p, p.stem.split(".")[0]))
+
+
+@dataset_format("dpr-topics", "DPR topic files: TSV question<TAB>python list of answers, or JSON lines", derived_ids=True)
+def load_dpr_topics(p: Path) -> list[Question]:
+    if ".txt" in p.name and not _looks_like_jsonl(p):
+        return load_dpr_tsv(p, prefix=p.name.split(".")[2] if p.name.count(".") > 2 else "dpr")
+    return load_answer_jsonl(p, p.stem.split(".")[0])
 
 
 _loaded: dict[tuple, list[Question]] = {}  # (format, path, size, mtime) -> the file's questions, this process
@@ -171,19 +209,14 @@ def load_questions(name: str, path: str) -> list[Question]:
 
 
 def _parse_questions(name: str, p: Path) -> list[Question]:
-    if name == "squad":
-        questions = load_squad(p)
-    elif name == "webquestions":
-        questions = load_webquestions(p)
-    elif name == "dpr-topics" and ".txt" in p.name and not _looks_like_jsonl(p):
-        questions = load_dpr_tsv(p, prefix=p.name.split(".")[2] if p.name.count(".") > 2 else "dpr")
-    else:
-        prefix = {"nq-open": "nq", "triviaqa": "tqa"}.get(name, p.stem.split(".")[0])
-        questions = load_answer_jsonl(p, prefix)
+    if name not in DATASET_FORMATS:
+        raise DatasetError(f"dataset.name: unknown dataset format {name!r}; known: {', '.join(DATASET_FORMATS)}")
+    fmt = DATASET_FORMATS[name]
+    questions = fmt.load(p)
     seen: dict[str, int] = {}
     for row, q in enumerate(questions, start=1):
         if q.qid in seen:
-            if name in ("nq-open", "triviaqa", "dpr-topics") and not q.qid.startswith("dup"):
+            if fmt.derived_ids and not q.qid.startswith("dup"):
                 # derived ids of repeated questions: keep both, disambiguated by position
                 q.qid = f"{q.qid}-{row}"
             else:
@@ -210,7 +243,29 @@ def sample_questions(questions: list[Question], limit: int | None, seed: int) ->
 
 # ---- corpus -------------------------------------------------------------------------------------
 
-CORPUS_FILE_KINDS = ("squad-paragraphs", "jsonl", "dpr-tsv")
+@dataclass(frozen=True)
+class CorpusFormat:
+    """A passage file format, registered under its spec name (`corpus.name`) by `corpus_format`."""
+
+    read: Callable[[list[Path], dict], Iterator[tuple[int, str, str, str]]]  # (files, shape) -> (row, pid, title, text)
+    description: str
+    one_file: bool = True  # takes exactly one file (else any number, read in order)
+
+
+CORPUS_FORMATS: dict[str, CorpusFormat] = {}
+
+
+def corpus_format(name: str, description: str, one_file: bool = True):
+    """Register a streaming reader `(files, shape) -> iterator of (row, pid, title, text)` as the corpus kind `name`;
+    `shape` is a dict the reader may fill (`contents_only`: every row is Anserini's {id, contents})."""
+
+    def register(read: Callable[[list[Path], dict], Iterator[tuple[int, str, str, str]]]):
+        CORPUS_FORMATS[name] = CorpusFormat(read, description, one_file)
+        return read
+
+    return register
+
+
 DPR_TSV_HEADER = ["id", "text", "title"]  # psgs_w100.tsv, DPR's Wikipedia split (Karpukhin et al.)
 
 
@@ -220,25 +275,19 @@ def iter_corpus(name: str, paths: list[str], shape: dict | None = None) -> Itera
     rows raise DatasetError naming file, row and field; duplicate ids are checked by `check_unique_ids`. `shape`, when
     given, learns whether every row of a JSON-lines file is exactly {id, contents} (`contents_only`): Anserini's own
     input, which an index build then reads in place."""
-    if name == "squad-paragraphs":
-        yield from _iter_squad_corpus(paths)
-        return
-    if len(paths) != 1:
+    fmt = CORPUS_FORMATS.get(name)
+    if fmt is None:
+        raise DatasetError(f"corpus.name: {name!r} is not a corpus file format ({', '.join(CORPUS_FORMATS)})")
+    if fmt.one_file and len(paths) != 1:
         raise DatasetError(f"corpus.paths: a {name} corpus takes exactly one file, got {len(paths)}")
-    p = resolve_data_path(paths[0])
-    if name == "jsonl":
-        yield from _iter_jsonl_corpus(p, shape if shape is not None else {})
-    elif name == "dpr-tsv":
-        yield from _iter_dpr_tsv(p)
-    else:
-        raise DatasetError(f"corpus.name: {name!r} is not a corpus file format ({', '.join(CORPUS_FILE_KINDS)})")
+    yield from fmt.read([resolve_data_path(p) for p in paths], shape if shape is not None else {})
 
 
-def _iter_squad_corpus(paths: list[str]) -> Iterator[tuple[int, str, str, str]]:
+@corpus_format("squad-paragraphs", "the paragraphs of SQuAD JSON files", one_file=False)
+def _iter_squad_corpus(paths: list[Path], shape: dict) -> Iterator[tuple[int, str, str, str]]:
     """All paragraphs of the given SQuAD files (a SQuAD file is read whole: the largest is ~40 MB)."""
     row = 0
-    for path in paths:
-        p = resolve_data_path(path)
+    for p in paths:
         try:
             data = json.loads(_read_all(p))
         except json.JSONDecodeError as exc:
@@ -249,12 +298,14 @@ def _iter_squad_corpus(paths: list[str]) -> Iterator[tuple[int, str, str, str]]:
                 row += 1
                 yield row, squad_pid(title, p_idx), title.replace("_", " "), para.get("context", "")
     if row == 0:
-        raise DatasetError(f"corpus files {paths}: no paragraphs found")
+        raise DatasetError(f"corpus files {[str(p) for p in paths]}: no paragraphs found")
 
 
-def _iter_jsonl_corpus(p: Path, shape: dict) -> Iterator[tuple[int, str, str, str]]:
+@corpus_format("jsonl", "JSON lines of {id, title?, text} (or Pyserini's {id, contents})")
+def _iter_jsonl_corpus(paths: list[Path], shape: dict) -> Iterator[tuple[int, str, str, str]]:
     """JSON lines of {id, title?, text}; {id, contents} (Pyserini's JsonCollection) is read too, its first line as the
     title when it has more than one."""
+    (p,) = paths
     found, contents_only = False, True
     decode = json.JSONDecoder().decode  # one decoder for every line (json.loads checks its arguments per call)
     with _open_text(p, newline="\n") as fh:
@@ -287,8 +338,10 @@ def _iter_jsonl_corpus(p: Path, shape: dict) -> Iterator[tuple[int, str, str, st
         raise DatasetError(f"{p}: no passages found")
 
 
-def _iter_dpr_tsv(p: Path) -> Iterator[tuple[int, str, str, str]]:
+@corpus_format("dpr-tsv", "DPR's passage TSV (id, text, title)")
+def _iter_dpr_tsv(paths: list[Path], shape: dict) -> Iterator[tuple[int, str, str, str]]:
     """DPR's passage TSV: a header `id<TAB>text<TAB>title`, then one passage per row (text quoted as CSV)."""
+    (p,) = paths
     csv.field_size_limit(1 << 30)
     found = False
     with _open_text(p, newline="\n") as fh:
@@ -334,7 +387,7 @@ def check_unique_ids(name: str, paths: list[str], pid_hashes: Sequence[int]) -> 
     for row, pid, _, _ in iter_corpus(name, paths):
         if pid_hash(pid) in twice:
             if pid in first:
-                where = paths[0] if name != "squad-paragraphs" else f"corpus files {paths}"
+                where = paths[0] if CORPUS_FORMATS[name].one_file else f"corpus files {paths}"
                 raise DatasetError(f"{where}: row {row}: field 'id': duplicate id {pid!r} (first at row {first[pid]})")
             first[pid] = row
 

@@ -20,6 +20,7 @@ from prefect import flow
 from core.paths import StoreLayout
 from tracking.analysis import inconsistency as an
 from tracking.analysis.inconsistency import AnalysisResult
+from tracking.analysis.registry import ANALYSES, AnalysisInput, run_analyses
 from tracking.analysis.stats import compare_arrays
 from tracking.mlflow.analysis import log_analysis
 from tracking.store.ledger import Ledger, ensemble_rows
@@ -101,7 +102,8 @@ def compute(outcomes: pd.DataFrame, experiment: str, metric: str = "em", n_resam
                                               seed).as_dict())
     paired = pd.DataFrame(paired_rows)
     return AnalysisResult(experiment, len(qids), order, table, groups, dec, shares, identity, paired,
-                          dropped_questions=all_q - len(qids), metric=metric)
+                          dropped_questions=all_q - len(qids), metric=metric,
+                          tables=run_analyses(AnalysisInput(experiment, used, order, metric)))
 
 
 def write_outputs(res: AnalysisResult, out_dir: Path, store_root: str | Path | None = None, report: bool = True) -> list[Path]:
@@ -130,6 +132,8 @@ def write_outputs(res: AnalysisResult, out_dir: Path, store_root: str | Path | N
     put("identity.parquet", res.identity)
     if not res.paired.empty:
         put("paired.parquet", res.paired)
+    for name, t in res.tables.items():
+        put(f"{name}.parquet", t)
     pngs = {}
     comparable = [g for g in res.groups if g.comparable]
     if comparable:  # one panel per (reader, model) group, axes labelled by retriever (the panel names the group)
@@ -266,4 +270,5 @@ def analyze_flow(store_root: str, experiment: str, out_dir: str | None = None, m
             "groups": [{"reader": g.reader, "model": g.model, "label": g.label, "cells": g.cells,
                         "retrievers": g.retrievers, "comparable": g.comparable} for g in res.groups],
             "inconsistency": res.inconsistency.to_dict("records"), "shares": res.shares.to_dict("records"),
-            "identity": res.identity.to_dict("records"), "eor": res.eor}
+            "identity": res.identity.to_dict("records"), "eor": res.eor,
+            "tables": {name: {"title": ANALYSES[name].title, "rows": t.to_dict("records")} for name, t in res.tables.items()}}

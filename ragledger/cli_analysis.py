@@ -313,9 +313,13 @@ def register(app: typer.Typer) -> None:
 
 
 def print_analysis(r: dict) -> None:
+    import pandas as pd
+
     _print_mrlr_tables(r)
     _print_error_shares(r)
     _print_eor(r.get("eor") or {})
+    for table in (r.get("tables") or {}).values():  # the registered analyses (tracking/analysis/registry.py)
+        emit(pd.DataFrame(table["rows"]), "table", title=table["title"])
     where = f"MLflow parent run {r['parent_run_id']} ({r['tracking_uri']})" if r.get("parent_run_id") else "no MLflow run"
     under = Path(r["files"][0]).parent if r["files"] else "-"
     console.print(f"{len(r['files'])} file(s) written under {under}; logged to {where}")

@@ -16,8 +16,9 @@ from core.progress import Stages, StageState
 
 DEFAULT_STORE = ".ragledger/store"  # the spec's tracking.store default, for commands that take --store alone
 # indexes are keyed by corpus hash and shared by every store and checkout (tasks/context.py index_root_for)
-CORPUS_HELP = ("the corpus instead of the spec's: squad-paragraphs (SQuAD's own paragraphs), or KIND:PATH with KIND jsonl, "
-               "dpr-tsv or lucene (a file or index folder), or prebuilt:NAME (a Pyserini prebuilt index); docs/spec.md")
+CORPUS_HELP = ("the corpus instead of the spec's: squad-paragraphs (SQuAD's own paragraphs), or KIND:PATH with KIND a "
+               "corpus kind: jsonl, dpr-tsv, lucene (a file or index folder) or another registered one, or "
+               "prebuilt:NAME (a Pyserini prebuilt index); docs/spec.md")
 INDEXES_HELP = ("indexes are not kept beside it: they go to $RAGLEDGER_INDEX_DIR (default: indexes/ under $RAGLEDGER_HOME, "
                 "~/.cache/ragledger)")
 

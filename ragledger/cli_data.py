@@ -70,15 +70,17 @@ def recall(
     path: Annotated[str, typer.Option(help="dataset file")] = "squad/dev-v1.1.json.gz",
     seed: Annotated[int, typer.Option(help="sampling seed")] = 0,
     store: Annotated[str, typer.Option(help=f"event store directory; {INDEXES_HELP}")] = DEFAULT_STORE,
+    corpus: Annotated[str | None, typer.Option(help=CORPUS_HELP)] = None,
 ) -> None:
-    """Retrieval only (no model): Recall@k and gold-paragraph hit rate per retriever over the SQuAD paragraphs."""
-    from schemas.spec import parse_spec
+    """Retrieval only (no model): Recall@k and gold-paragraph hit rate per retriever (default: over the SQuAD paragraphs)."""
+    from schemas.spec import parse_spec, with_overrides
     from tasks.retrieval_eval import retrieval_recall
 
     errors = user_errors()
     try:
         spec = parse_spec({"name": "recall", "dataset": {"name": dataset, "path": path, "limit": limit, "seed": seed},
                            "retrievers": retriever, "readers": ["concatenation"]}, "--retriever/--dataset")
+        spec = with_overrides(spec, corpus=corpus, source="--corpus") if corpus else spec
         rows = retrieval_recall(spec, store, log=err.print)
     except (*errors, ValueError) as exc:
         fail(str(exc))

@@ -103,6 +103,19 @@ def reader_sections() -> list[tuple[str, type[BaseModel]]]:
             for model, names in by_model.items() if model.model_fields]
 
 
+def registry_tables() -> list[str]:
+    """The registered dataset formats and corpus kinds (core/datasets.py), which `dataset.name` and `corpus.name` take."""
+    from core.datasets import CORPUS_FORMATS, DATASET_FORMATS
+    from strategies.retrievers.corpus import INDEX_KINDS
+
+    lines = ["", "### dataset formats (`dataset.name`)", "", "| name | format |", "|---|---|"]
+    lines += [f"| `{n}` | {f.description.replace('|', chr(92) + '|')} |" for n, f in DATASET_FORMATS.items()]
+    lines += ["", "### corpus kinds (`corpus.name`)", "", "| name | passages |", "|---|---|"]
+    lines += [f"| `{n}` | {f.description}{'' if f.one_file else ' (any number of files)'} |"
+              for n, f in CORPUS_FORMATS.items()]
+    return lines + [f"| `{n}` | {d} |" for n, d in INDEX_KINDS.items()]
+
+
 def render() -> str:
     lines = ["### Top level", "", "| key | type | default | meaning |", "|---|---|---|---|"]
     lines += [f"| `{k}` | {t} | {d} | {m} |" for k, t, d, m in TOP_LEVEL]
@@ -111,7 +124,7 @@ def render() -> str:
         skip = set(DatasetSpec.model_fields) if model is DatasetEntry else {"settings"} if model is ReaderEntry else set()
         lines += ["", f"### {title}", "", "| field | type | default | meaning |", "|---|---|---|---|"]
         lines += _rows(model, skip)
-    return "\n".join(lines)
+    return "\n".join(lines + registry_tables())
 
 
 def current_block(text: str) -> str:

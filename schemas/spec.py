@@ -24,14 +24,22 @@ class _Strict(BaseModel):
 
 
 class DatasetSpec(_Strict):
-    name: Literal["squad", "nq-open", "triviaqa", "webquestions", "dpr-topics", "jsonl"] = Field(
-        "squad", description="file format: SQuAD JSON, NQ-open/TriviaQA/WebQuestions/DPR topics, or JSONL of "
-        "{id?, question, answers}")
+    name: str = Field("squad", description="the file format: a format registered in core/datasets.py "
+                      "DATASET_FORMATS (the table of dataset formats below)")
     path: str = Field("squad/dev-v1.1.json.gz", description="file, relative to the data dir unless absolute")
     limit: int | None = Field(None, gt=0, description="number of questions sampled (seeded); all if unset")
     seed: int = Field(0, description="sampling seed of the `limit` questions")
     closed_book_filter: bool = Field(False, description="seed 001 §4: drop the sampled questions the model answers "
                                      "correctly (EM) with no context, before retrieval")
+
+    @field_validator("name")
+    @classmethod
+    def _known_format(cls, name: str) -> str:
+        from core.datasets import DATASET_FORMATS
+
+        if name not in DATASET_FORMATS:
+            raise ValueError(f"unknown dataset format {name!r}; known: {', '.join(DATASET_FORMATS)}")
+        return name
 
     def identity(self) -> dict:
         """What selects the sampled questions (the filter acts after sampling, so it is not part of it)."""
@@ -83,14 +91,23 @@ class DatasetEntry(DatasetSpec):
 
 
 class CorpusSpec(_Strict):
-    name: Literal["squad-paragraphs", "jsonl", "dpr-tsv", "lucene", "prebuilt"] = Field(
-        "squad-paragraphs", description="the paragraphs of SQuAD files; a JSONL of {id, title?, text}; DPR's passage "
-        "TSV (id, text, title); an existing Lucene index with stored documents; or a Pyserini prebuilt index by name")
+    name: str = Field("squad-paragraphs", description="a passage file format registered in core/datasets.py "
+                      "CORPUS_FORMATS, `lucene` (an existing Lucene index with stored documents) or `prebuilt` (a "
+                      "Pyserini prebuilt index by name); the table of corpus kinds below")
     paths: list[str] = Field(
         default_factory=lambda: ["squad/dev-v1.1.json.gz", "squad/train-v1.0.json.gz"], min_length=1,
         description="SQuAD JSON files, or the one JSONL / TSV file, or the Lucene index folder, or the prebuilt "
                     "index's name (e.g. wikipedia-dpr-100w); files relative to the data dir unless absolute",
     )
+    @field_validator("name")
+    @classmethod
+    def _known_kind(cls, name: str) -> str:
+        from strategies.retrievers.corpus import corpus_kinds
+
+        if name not in corpus_kinds():
+            raise ValueError(f"unknown corpus kind {name!r}; known: {', '.join(corpus_kinds())}")
+        return name
+
     faiss: str | None = Field(None, description="a FAISS index directory in Pyserini's layout ('index', 'docid') over "
                               "these passages, which dense@k searches instead of building its own; its vectors must be "
                               "the bundled encoder's (all-MiniLM-L6-v2, the query encoder here)")

@@ -133,10 +133,12 @@ def test_every_environment_variable_is_documented():
 @pytest.fixture
 def registries():
     """The live registries, restored after a test adds to them."""
+    from core.datasets import CORPUS_FORMATS, DATASET_FORMATS
     from strategies.readers import READERS
     from strategies.retrievers import PLAIN, SOURCES, WRAPPERS
+    from tracking.analysis.registry import ANALYSES
 
-    saved = [(r, dict(r)) for r in (READERS, SOURCES, PLAIN, WRAPPERS)]
+    saved = [(r, dict(r)) for r in (READERS, SOURCES, PLAIN, WRAPPERS, DATASET_FORMATS, CORPUS_FORMATS, ANALYSES)]
     yield
     for registry, before in saved:
         registry.clear()
@@ -145,15 +147,19 @@ def registries():
 
 def test_extending_examples_run(registries):
     """Every python block of docs/extending.md, in order, in one namespace (the page's own checks included)."""
-    code = blocks(DOCS / "extending.md", "python")
-    assert len(code) >= 8
+    code = [body for head, body in FENCE.findall((DOCS / "extending.md").read_text())
+            if head.strip() in ("python", "python module")]
+    assert len(code) >= 12
     namespace: dict = {"__name__": "docs_extending"}
     for i, body in enumerate(code):
         exec(compile(body, f"docs/extending.md block {i + 1}", "exec"), namespace)
+    from core.datasets import CORPUS_FORMATS, DATASET_FORMATS
     from strategies.readers import READERS
     from strategies.retrievers import SOURCES
+    from tracking.analysis.registry import ANALYSES
 
     assert "top_passage" in READERS and "overlap" in SOURCES  # the examples registered themselves
+    assert "qa-tsv" in DATASET_FORMATS and "passages-tsv" in CORPUS_FORMATS and "em_by_context" in ANALYSES
 
 
 def outcome_row(cell: str, qid: str, em: float) -> dict:

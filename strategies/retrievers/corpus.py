@@ -33,14 +33,22 @@ from json.encoder import encode_basestring  # type: ignore[attr-defined]  # the 
 from pathlib import Path
 
 from core.atomic import atomic_write_text
-from core.datasets import CORPUS_FILE_KINDS, DatasetError, check_unique_ids, iter_corpus, pid_hash
+from core.datasets import CORPUS_FORMATS, DatasetError, check_unique_ids, iter_corpus, pid_hash
 from core.hashing import stable_hash
 from core.paths import cache_home, file_identity, resolve_data_path
 
 logger = logging.getLogger(__name__)
 
-INDEX_KINDS = ("lucene", "prebuilt")
-CORPUS_KINDS = (*CORPUS_FILE_KINDS, *INDEX_KINDS)
+# the corpus kinds searched in place (passage file formats are core/datasets.py CORPUS_FORMATS)
+INDEX_KINDS = {"lucene": "an existing Lucene index with stored documents (`-storeRaw`), searched in place; `paths`: "
+                         "its folder",
+               "prebuilt": "a Pyserini prebuilt index by name (e.g. wikipedia-dpr-100w), fetched into Pyserini's cache"}
+
+
+def corpus_kinds() -> tuple[str, ...]:
+    """Every `corpus.name` a spec may give: the registered passage file formats, then the index kinds."""
+    return (*CORPUS_FORMATS, *INDEX_KINDS)
+
 # names what is kept per corpus file identity (its hash and size): a new one when the readers or the hash change
 CORPUS_INFO_VERSION = "corpus-info-1"
 LUCENE_FOOTER_BYTES = 16  # every Lucene file ends with a codec footer holding its CRC32 checksum
@@ -54,7 +62,7 @@ class CorpusError(DatasetError):
 
 @dataclass(frozen=True)
 class Corpus:
-    name: str  # one of CORPUS_KINDS
+    name: str  # one of corpus_kinds()
     paths: tuple[str, ...]  # the passage files, or the one index folder (`lucene`), or the index name (`prebuilt`)
     passages_hash: str  # the passages' identity: names the indexes built of them
     passages: int | None  # known for passage files (counted while hashing); an index says it when opened
@@ -79,8 +87,8 @@ class Corpus:
         `tee`, when given, is handed every batch of (row, pid, title, text) of that one read, as it is read (an index
         built from the same read: strategies/retrievers/lucene.py `load_with_index`); it is not called when the
         corpus is already named on this machine (`named`)."""
-        if name not in CORPUS_KINDS:
-            raise CorpusError(f"corpus.name: unknown corpus kind {name!r}; known: {', '.join(CORPUS_KINDS)}")
+        if name not in corpus_kinds():
+            raise CorpusError(f"corpus.name: unknown corpus kind {name!r}; known: {', '.join(corpus_kinds())}")
         faiss_dir = _faiss_dir(faiss) if faiss else None
         if name in INDEX_KINDS:
             index_dir = _index_dir(name, paths)

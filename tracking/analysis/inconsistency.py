@@ -364,3 +364,4 @@ class AnalysisResult:
     tracking_uri: str | None = None
     dropped_questions: int = 0
     metric: str = "em"
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # the registered analyses' (tracking/analysis/registry.py)

@@ -120,6 +120,25 @@ def _paired(res: AnalysisResult) -> str:
     return "".join(out) + "</table>"
 
 
+def _registered(res: AnalysisResult) -> str:
+    """A section per registered analysis (tracking/analysis/registry.py): its title and its table."""
+    from tracking.analysis.registry import ANALYSES
+
+    out = []
+    for name, t in res.tables.items():
+        head = "".join(f"<th class=l>{_e(c)}</th>" for c in t.columns)
+        rows = "".join("<tr>" + "".join(f"<td class=l>{_e(_cell(v))}</td>" for v in r) + "</tr>"
+                       for r in t.itertuples(index=False))
+        title = ANALYSES[name].title if name in ANALYSES else name
+        out.append(f'<h2 id="analysis-{_e(name)}">{_e(title)}</h2><table class="analysis" data-analysis="{_e(name)}">'
+                   f"<tr>{head}</tr>{rows}</table>")
+    return "".join(out)
+
+
+def _cell(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
 def _plots(pngs: dict[str, bytes]) -> str:
     figs = [f"<figure>{_img(png, name)}<figcaption>{_e(name)}</figcaption></figure>" for name, png in pngs.items()]
     return '<div class="grid">' + "".join(figs) + "</div>"
@@ -255,6 +274,6 @@ def html_report(res: AnalysisResult, store_root: str | Path | None = None) -> st
         "per-error RWR compare retrievers within one (reader, model) group, as seed 002 holds the reader and "
         "the LM fixed: one table per group.</p>"
         f"<h2>Headline</h2>{_headline(res)}<h2>Error decomposition</h2>{_identity(res)}{_shares(res)}"
-        f"<h2>Plots</h2>{_plots(res.pngs)}<h2>Paired comparisons</h2>{_paired(res)}{_eor(res)}"
+        f"<h2>Plots</h2>{_plots(res.pngs)}<h2>Paired comparisons</h2>{_paired(res)}{_registered(res)}{_eor(res)}"
         f"<h2>Per question</h2>{_drilldown(res, questions, store_root)}</body></html>"
     )

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from tracking.analysis.inconsistency import AnalysisError, AnalysisResult
+from tracking.analysis.registry import analysis_metrics
 from tracking.mlflow.log import MlflowLogger
 
 
@@ -37,6 +38,7 @@ def log_analysis(res: AnalysisResult, files: list[Path], execution: dict, base: 
     for g in res.groups:
         if g.comparable:  # seed 002 Figure: MRLR averaged over a group's retrievers
             metrics[_mlflow_key(f"analysis.mean_mrlr.{g.reader} · {g.model}")] = float(g.table["MRLR"].mean())
+    metrics.update(analysis_metrics(res.tables))
     if res.eor:
         for k in ("eor_em", "eor_f1", "eor_mrlr", "best_single_em", "best_single_mrlr"):
             if k in res.eor:
