@@ -66,8 +66,7 @@ def _message(err: Mapping[str, Any]) -> str:
 
 
 def _list_entry(model: type[BaseModel], value: dict, where: str) -> BaseModel:
-    """One entry of a list field, validated with one message that names it (`readers[2].samples: ...`)
-    instead of pydantic's per-union-member errors."""
+    """One entry of a list field, validated with one message that names it (`dataset[1].path: ...`)."""
     try:
         return model.model_validate(value)
     except ValidationError as exc:
@@ -221,13 +220,10 @@ class _SpecBase(_Strict):
             return entries
         out = []
         for i, e in enumerate(entries):
-            if isinstance(e, str):
-                ReaderEntry.parse(e, f"readers[{i}]")  # a known name
-            elif isinstance(e, dict):
-                e = ReaderEntry.parse(e, f"readers[{i}]")
-            elif not isinstance(e, ReaderEntry):
+            if not isinstance(e, str | dict | ReaderEntry):
                 raise ValueError(f"readers[{i}]: expected a reader name or a mapping {{name: ..., samples: ...}}, got {e!r}")
-            out.append(e)
+            parsed = e if isinstance(e, ReaderEntry) else ReaderEntry.parse(e, f"readers[{i}]")
+            out.append(e if isinstance(e, str) else parsed)  # a name stays a name: the spec hash tells them apart
         keys = [e if isinstance(e, str) else e.key for e in out]
         if len(set(keys)) != len(keys):
             raise ValueError(f"duplicate reader entries: {sorted(k for k in set(keys) if keys.count(k) > 1)}")
