@@ -120,7 +120,8 @@ def _checked_spec(spec_path: Path, store: str | None, base_url: str | None, json
     user error raised naming it) before anything is written. Its inputs are checked by the run (flows/launch.py)."""
     from core.secrets import refuse_credentials
     from ragledger.locations import check_run_locations
-    from schemas.spec import load_spec, with_overrides
+    from schemas.overrides import with_overrides
+    from schemas.spec import load_spec
 
     spec = with_overrides(load_spec(spec_path), limit=limit, embedded=embedded, corpus=corpus, source=str(spec_path))
     if runner not in (None, "thread", "dask"):

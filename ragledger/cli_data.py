@@ -39,7 +39,8 @@ def index(
 ) -> None:
     """Build retrieval indexes ahead of time (BM25 and dense; default: over the SQuAD paragraphs)."""
 
-    from schemas.spec import ExperimentSpec, load_spec, with_overrides
+    from schemas.overrides import with_overrides
+    from schemas.spec import ExperimentSpec, load_spec
     from tasks.context import index_root_for, retriever_for
 
     errors = user_errors()
@@ -73,7 +74,8 @@ def recall(
     corpus: Annotated[str | None, typer.Option(help=CORPUS_HELP)] = None,
 ) -> None:
     """Retrieval only (no model): Recall@k and gold-paragraph hit rate per retriever (default: over the SQuAD paragraphs)."""
-    from schemas.spec import parse_spec, with_overrides
+    from schemas.overrides import with_overrides
+    from schemas.spec import parse_spec
     from tasks.retrieval_eval import retrieval_recall
 
     errors = user_errors()

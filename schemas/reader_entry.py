@@ -59,6 +59,8 @@ class ReaderEntry(BaseModel):
         except ValidationError as exc:
             err = exc.errors()[0]
             field = ".".join(str(p) for p in err["loc"] if p != "settings") or "label"
+            if err["type"] == "literal_error":  # as the spec names a value outside an enumeration
+                raise ValueError(f"{where}.{field}: {err['input']!r} is not one of {err['ctx']['expected']}") from None
             raise ValueError(f"{where}.{field}: {err['input']!r}: {err['msg']}") from None
 
     def _changed(self, exclude: frozenset[str] = frozenset()) -> dict[str, Any]:

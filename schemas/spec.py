@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,14 +32,12 @@ class DatasetSpec(_Strict):
     closed_book_filter: bool = Field(False, description="seed 001 §4: drop the sampled questions the model answers "
                                      "correctly (EM) with no context, before retrieval")
 
-    @field_validator("name")
+    @field_validator("name", mode="before")
     @classmethod
-    def _known_format(cls, name: str) -> str:
+    def _known_format(cls, name: object) -> object:
         from core.datasets import DATASET_FORMATS
 
-        if name not in DATASET_FORMATS:
-            raise ValueError(f"unknown dataset format {name!r}; known: {', '.join(DATASET_FORMATS)}")
-        return name
+        return _one_of(name, DATASET_FORMATS)
 
     def identity(self) -> dict:
         """What selects the sampled questions (the filter acts after sampling, so it is not part of it)."""
@@ -63,6 +61,14 @@ def _message(err: Mapping[str, Any]) -> str:
     if err["type"] in ("literal_error", "enum"):
         return f"{err['input']!r} is not one of {err['ctx']['expected']}"
     return err["msg"].removeprefix("Value error, ")
+
+
+def _one_of(value: object, registered: Iterable[str]) -> object:
+    """A registered name (core/datasets.py, strategies/retrievers/corpus.py), or the message of an enumeration."""
+    names = [repr(n) for n in registered]
+    if value not in registered:
+        raise ValueError(f"{value!r} is not one of {', '.join(names[:-1])} or {names[-1]}")
+    return value
 
 
 def _list_entry(model: type[BaseModel], value: dict, where: str) -> BaseModel:
@@ -98,14 +104,12 @@ class CorpusSpec(_Strict):
         description="SQuAD JSON files, or the one JSONL / TSV file, or the Lucene index folder, or the prebuilt "
                     "index's name (e.g. wikipedia-dpr-100w); files relative to the data dir unless absolute",
     )
-    @field_validator("name")
+    @field_validator("name", mode="before")
     @classmethod
-    def _known_kind(cls, name: str) -> str:
+    def _known_kind(cls, name: object) -> object:
         from strategies.retrievers.corpus import corpus_kinds
 
-        if name not in corpus_kinds():
-            raise ValueError(f"unknown corpus kind {name!r}; known: {', '.join(corpus_kinds())}")
-        return name
+        return _one_of(name, corpus_kinds())
 
     faiss: str | None = Field(None, description="a FAISS index directory in Pyserini's layout ('index', 'docid') over "
                               "these passages, which dense@k searches instead of building its own; its vectors must be "
@@ -360,28 +364,3 @@ def load_spec(path: str | Path) -> AnySpec:
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise SpecError(f"{path}:{where} malformed YAML: {getattr(exc, 'problem', exc)}") from None
     return parse_spec(data, str(path))
-
-
-def with_overrides(spec: AnySpec, limit: int | None = None, embedded: bool = False, corpus: str | None = None,
-                   source: str = "<spec>") -> AnySpec:
-    """The spec with command-line overrides: `limit` questions per dataset, the embedded CPU model in place of the
-    spec's endpoint (its sampling settings kept), and/or another `corpus` ("KIND" with its default paths, or
-    "KIND:PATH[,PATH...]"). A paper config sized for a vLLM server and DPR's Wikipedia then runs on a laptop as
-    `ragledger run SPEC --embedded --limit 10 --corpus squad-paragraphs`; the overrides enter the spec hash like any
-    other change."""
-    data = spec.model_dump(exclude_unset=False)
-    if corpus is not None:
-        kind, _, paths = corpus.partition(":")
-        data["corpus"] = {"name": kind, **({"paths": paths.split(",")} if paths else {})}
-        if not paths and kind != CorpusSpec.model_fields["name"].default:
-            raise SpecError(f"{source}: --corpus {corpus}: give the {kind} corpus's location as --corpus {kind}:PATH")
-    if limit is not None:
-        if limit <= 0:
-            raise SpecError(f"{source}: --limit must be a positive integer, got {limit}")
-        for entry in data["dataset"] if isinstance(data["dataset"], list) else [data["dataset"]]:
-            entry["limit"] = limit
-    if embedded:
-        keep = {k: data["model"][k] for k in ("temperature", "top_p", "max_tokens", "seed", "timeout_s", "max_retries",
-                                              "context_window")}
-        data["model"] = {**ModelSpec().model_dump(), **keep, "concurrency": 1}  # it answers one request at a time
-    return parse_spec(data, source)

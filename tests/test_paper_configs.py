@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from schemas.spec import SweepSpec, load_spec, with_overrides
+from schemas.overrides import with_overrides
+from schemas.spec import SweepSpec, load_spec
 
 PAPERS = Path(__file__).resolve().parents[1] / "configs" / "papers"
 CONFIGS = sorted(PAPERS.glob("*.yaml"))

@@ -96,10 +96,13 @@ def test_every_choice_field_names_the_value_given():
     """Every field of the spec's models whose values are an enumeration (a Literal or an Enum): a value outside it
     is named in the message, with the choices."""
     import schemas.spec as spec_module
+    from strategies.readers import READERS
 
     models = [m for m in vars(spec_module).values()
               if isinstance(m, type) and issubclass(m, BaseModel) and m.__module__ == spec_module.__name__]
+    models += list(dict.fromkeys(r.Settings for r in READERS.values()))  # each reader's own settings (the vote)
     fields = [(m, name) for m in models for name, info in m.model_fields.items() if _is_choice(info.annotation)]
+    fields += [(spec_module.DatasetSpec, "name"), (spec_module.CorpusSpec, "name")]  # names the registries hold
     assert len(fields) >= 5, fields  # the dataset's and the corpus's names, the backend, the runner, the vote at least
     for model, name in fields:
         with pytest.raises(ValidationError) as exc:
