@@ -6,9 +6,13 @@ embed, experiments of a sweep), or part by part when it is planned part by part 
 generate stage's model calls, known when its task plans them; see `Forecast`).
 
 The time left is the planned work still to do at the rate the finished work went since the stage's work began
-(`seconds_left`). A count of tasks that run side by side is shown untimed (`timed=False`): every shard's model calls
-are in flight together, so the first of eight generate tasks ends late and the other seven soon after it, and
-extrapolating the count said "~1181 s left" of a run that ended 91 s later.
+(`seconds_left`). Units are counted (model calls), but their work may be weighed apart from them: a call's work is
+its prompt's length (`call_work`), since a local model's time goes into reading prompts, and Concatenation's one call
+over five passages costs about what Post-Fusion's five calls over one passage each cost, not a fifth of it.
+
+A count of tasks that run side by side is shown untimed (`timed=False`): every shard's model calls are in flight
+together, so the first of eight generate tasks ends late and the other seven soon after it; extrapolating their
+count would promise many times the time actually left.
 """
 
 from __future__ import annotations
@@ -25,11 +29,11 @@ class Listener(Protocol):
         """The stage starts (again: each experiment of a sweep restarts it) with `n` units planned; its work begins
         now (`begun`), or when its first part is planned (`revise`)."""
 
-    def revise(self, stage: str, n: int) -> object:
-        """More of the stage's work is planned: its total is now `n`."""
+    def revise(self, stage: str, n: int, work: float | None = None) -> object:
+        """More of the stage's work is planned: its total is now `n` units (weighing `work`, when weighed)."""
 
-    def advance(self, stage: str, n: int) -> object:
-        """`n` more units are done."""
+    def advance(self, stage: str, n: int, work: float | None = None) -> object:
+        """`n` more units are done (weighing `work`, when weighed)."""
 
 
 _listener: Listener | None = None
@@ -50,10 +54,10 @@ def set_total(stage: str, total: int, timed: bool = True) -> None:
             _listener.total(stage, total, timed)
 
 
-def advance(stage: str, n: int = 1) -> None:
+def advance(stage: str, n: int = 1, work: float | None = None) -> None:
     with _lock:
         if _listener is not None:
-            _listener.advance(stage, n)
+            _listener.advance(stage, n, work)
 
 
 def forecast(stage: str, parts: Mapping[str, tuple[str, int]]) -> None:
@@ -66,44 +70,60 @@ def forecast(stage: str, parts: Mapping[str, tuple[str, int]]) -> None:
         _listener.total(stage, f.total(), True, begun=False)
 
 
-def planned(stage: str, part: str, units: int) -> None:
-    """Part `part` of the stage was planned: it is `units` units of work (0: none of it runs now)."""
+def planned(stage: str, part: str, units: int, work: float | None = None) -> None:
+    """Part `part` of the stage was planned: it is `units` units (0: none of it runs now), weighing `work` (by
+    default one per unit)."""
     with _lock:
         f = _forecasts.get(stage)
         if _listener is None or f is None:
             return
-        f.plan(part, units)
-        _listener.revise(stage, f.total())
+        f.plan(part, units, work)
+        _listener.revise(stage, f.total(), f.work())
+
+
+def call_work(system: str, prompt: str) -> float:
+    """A model call's weight in a stage's work: the characters of its prompt, plus a share for writing a short
+    answer (about a hundred characters' worth); a call answered from the cache is not weighed (it costs nothing)."""
+    return len(system) + len(prompt) + 100.0
 
 
 @dataclass
 class Forecast:
     """The units of a stage planned part by part: the planned parts' units, and for each part still to plan its
     questions times the units per question of the planned parts of its group (a cell's round: Post-Fusion plans one
-    call per passage, Concatenation one per question), else of every planned part, else one per question."""
+    call per passage, Concatenation one per question), else of every planned part, else one per question. Their
+    work is forecast the same way."""
 
     parts: Mapping[str, tuple[str, int]]  # part -> (group, questions)
     units: dict[str, int] = field(default_factory=dict)  # part -> units, once planned
+    weights: dict[str, float] = field(default_factory=dict)  # part -> work, once planned
 
-    def plan(self, part: str, units: int) -> None:
+    def plan(self, part: str, units: int, work: float | None = None) -> None:
         self.units[part] = units
+        self.weights[part] = float(units) if work is None else work
 
     def total(self) -> int:
-        per_group: dict[str, list[int]] = {}
-        for part, units in self.units.items():
+        return round(self._forecast(self.units))
+
+    def work(self) -> float:
+        return self._forecast(self.weights)
+
+    def _forecast(self, planned: Mapping[str, float]) -> float:
+        per_group: dict[str, list[float]] = {}
+        for part, amount in planned.items():
             group, questions = self.parts.get(part, ("", 0))
             sums = per_group.setdefault(group, [0, 0])
-            sums[0], sums[1] = sums[0] + units, sums[1] + questions
+            sums[0], sums[1] = sums[0] + amount, sums[1] + questions
         everything = [sum(s[0] for s in per_group.values()), sum(s[1] for s in per_group.values())]
         expected = 0.0
         for part, (group, questions) in self.parts.items():
-            if part not in self.units:
-                units, asked = next(s for s in (per_group.get(group), everything, [1, 1]) if s and s[1] > 0)
-                expected += questions * units / asked
-        return sum(self.units.values()) + round(expected)
+            if part not in planned:
+                amount, asked = next(s for s in (per_group.get(group), everything, [1, 1]) if s and s[1] > 0)
+                expected += questions * amount / asked
+        return sum(planned.values()) + expected
 
 
-def seconds_left(done: int, total: int | None, began: float | None, now: float) -> float | None:
+def seconds_left(done: float, total: float | None, began: float | None, now: float) -> float | None:
     """The time the `total - done` units still to do take at the rate the `done` ones went since the work `began`;
     None before a unit is done (no rate yet), when the total is unknown, or once it is reached."""
     if began is None or total is None or done <= 0 or done >= total or now <= began:
@@ -118,9 +138,15 @@ class StageState:
     began: float | None = None  # when its work began
     timed: bool = True
     last: float | None = None  # when a line last reported it (PlainProgress)
+    work_total: float | None = None  # the planned work, when it is weighed apart from the units
+    work_done: float = 0.0
 
     def left(self, now: float) -> float | None:
-        return seconds_left(self.done, self.total, self.began, now) if self.timed else None
+        if not self.timed:
+            return None
+        if self.work_total is not None:
+            return seconds_left(self.work_done, self.work_total, self.began, now)
+        return seconds_left(self.done, self.total, self.began, now)
 
 
 class Stages:
@@ -135,20 +161,21 @@ class Stages:
         self.states[stage] = state = StageState(n, 0, began, timed, began)
         return state
 
-    def revise(self, stage: str, n: int) -> StageState:
+    def revise(self, stage: str, n: int, work: float | None = None) -> StageState:
         state = self.states.setdefault(stage, StageState())
-        state.total = n
+        state.total, state.work_total = n, work
         if state.began is None:
             state.began = self.clock()
         return state
 
-    def advance(self, stage: str, n: int) -> StageState:
+    def advance(self, stage: str, n: int, work: float | None = None) -> StageState:
         state = self.states.get(stage)
         if state is None:  # a stage with no total: it starts at its first report
             state = self.states[stage] = StageState(began=self.clock())
         elif state.began is None:
             state.began = self.clock()
         state.done += n
+        state.work_done += n if work is None else work
         return state
 
 
@@ -160,8 +187,8 @@ class PlainProgress(Stages):
         super().__init__(clock)
         self.emit, self.every_s = emit, every_s
 
-    def advance(self, stage: str, n: int) -> StageState:
-        state = super().advance(stage, n)
+    def advance(self, stage: str, n: int, work: float | None = None) -> StageState:
+        state = super().advance(stage, n, work)
         now = self.clock()
         # a forecast total may be reached before more of the stage's work is planned: said once, not at every unit
         finished = state.total is not None and state.done >= state.total > state.done - n

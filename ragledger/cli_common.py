@@ -109,11 +109,11 @@ class _Bars(Stages):
             self.bars.reset(self.ids[stage], total=n, left="")
         return self._show(stage, state)
 
-    def revise(self, stage: str, n: int) -> StageState:
-        return self._show(stage, super().revise(stage, n))
+    def revise(self, stage: str, n: int, work: float | None = None) -> StageState:
+        return self._show(stage, super().revise(stage, n, work))
 
-    def advance(self, stage: str, n: int) -> StageState:
-        return self._show(stage, super().advance(stage, n))
+    def advance(self, stage: str, n: int, work: float | None = None) -> StageState:
+        return self._show(stage, super().advance(stage, n, work))
 
     def _show(self, stage: str, state: StageState) -> StageState:
         if stage not in self.ids:

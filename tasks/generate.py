@@ -195,7 +195,9 @@ def run_generate_round(run: RunContext, stage: GenerateStage, base_url: str, ret
     round_plan = plan_round(spec, stage, run.store_root, run.questions(store, stage.qids),
                             store.read("retrievals", paths=[p for p in retrieval_segments if p]), history)
     reader, settings, planned, _ = round_plan
-    progress.planned(stage.calls_progress, stage.key, len(planned))  # the run's forecast of its calls (core/progress.py)
+    # the run's forecast of its calls, each weighed by its prompt (core/progress.py)
+    progress.planned(stage.calls_progress, stage.key, len(planned),
+                     sum(progress.call_work(req.system, req.prompt) for *_, req in planned))
     client = llm_client_for(spec, base_url, run.store_root, logprobs_base_url, head_start_calls=run.head_start_calls)
     responses = run_on_engine(complete_all(client, planned, stage, round_plan.rounds_after)) if planned else []
     rows = generation_rows(spec, reader, stage.retriever, stage.round_no, stage.key, planned, responses, client,
@@ -214,7 +216,7 @@ async def complete_all(client: LLMClient, planned: list[tuple[str, int, Call, LL
         except ContextOverflow as exc:
             raise ContextOverflow(overflow_message(stage.cell.name, qid, stage.round_no, call, exc)) from None
         crashpoint("generate.call")
-        progress.advance(stage.calls_progress, 1)
+        progress.advance(stage.calls_progress, 1, progress.call_work(req.system, req.prompt))
         return resp
 
     return await asyncio.gather(*(one(qid, call, req) for qid, _, call, req in planned))

@@ -2,7 +2,7 @@
 left from the planned work (core/progress.py)."""
 
 from core import progress
-from core.progress import Forecast, PlainProgress, seconds_left
+from core.progress import Forecast, PlainProgress, Stages, seconds_left
 
 
 def test_plain_progress_reports_at_most_every_interval_and_at_completion():
@@ -135,3 +135,40 @@ def test_the_terminal_bars_show_the_same_estimate():
             progress.set_listener(None)
         shown = {t.description: (t.completed, t.total, t.fields["left"]) for t in bars.tasks}
     assert shown == {"generate": (1, 4, ""), "generate calls": (15, 60, "~90 s left")}
+
+
+def test_calls_weighed_by_their_prompts_give_the_time_left_when_calls_differ():
+    """Concatenation's 5 calls read five passages each (work 5 per call), Post-Fusion's 25 calls one each (work 1);
+    the model reads 1 work unit in 2 s, one call at a time, Concatenation's first. At t = 60 s the five long calls are
+    done: half of the work, in 50 s, so 50 s are left (exactly what is left). Counted in calls (5 of 30 done) the
+    same moment would say 250 s."""
+    now = [0.0]
+    stages = Stages(clock=lambda: now[0])
+    progress.set_listener(stages)
+    try:
+        progress.forecast("generate calls", {"concat": ("concat round 1", 5), "pf": ("pf round 1", 5)})
+        now[0] = 10.0
+        progress.planned("generate calls", "concat", 5, work=25.0)
+        progress.planned("generate calls", "pf", 25, work=25.0)
+        for _ in range(5):
+            now[0] += 10.0
+            progress.advance("generate calls", 1, work=5.0)
+        state = stages.states["generate calls"]
+        assert (state.done, state.total, now[0]) == (5, 30, 60.0)
+        assert state.left(now[0]) == 50.0
+        assert seconds_left(state.done, state.total, state.began, now[0]) == 250.0
+        for _ in range(10):
+            now[0] += 2.0
+            progress.advance("generate calls", 1, work=1.0)
+        assert state.left(now[0]) == 30.0  # 35 of 50 done in 70 s: 15 left take 30 s (15 calls of 2 s)
+    finally:
+        progress.set_listener(None)
+
+
+def test_a_forecast_weighs_the_parts_still_to_plan_as_the_planned_ones_of_their_group():
+    f = Forecast(PARTS)
+    f.plan("concat-1", 5, work=5000.0)  # 5 calls of 1,000 characters
+    f.plan("pf-1", 25, work=6250.0)  # 25 calls of 250
+    assert (f.total(), f.work()) == (60, 22500.0)  # concat-2 and pf-2 as their group's first shard
+    f.plan("pf-2", 25)  # no weight given: one per call
+    assert f.work() == 5000.0 + 6250.0 + 5000.0 + 25.0
