@@ -97,7 +97,7 @@ def test_bench_per_example_query(benchmark, big_store):
 def test_bench_full_analysis_tables(benchmark, big_store):
     """Every table of `ragledger analyze` (no plots, no EoR): RWR, per-error RWR, decomposition, identity,
     error shares and accuracy CIs (1,000 bootstrap resamples), all 120 paired comparisons."""
-    from flows.analyze import compute
+    from tracking.analysis.tables import compute
 
     outcomes = EventStore(big_store).read("outcomes", EXP)
     tracemalloc.start()

@@ -345,7 +345,7 @@ def inconsistency_by_group(correct: np.ndarray, cells: list[str], keys: pd.DataF
 
 @dataclass
 class AnalysisResult:
-    """Every table of an experiment's analysis (flows/analyze.py `compute`), as the report and the CLI show it."""
+    """Every table of an experiment's analysis (tracking/analysis/tables.py `compute`), as the report and the CLI show it."""
 
     experiment: str
     questions: int
