@@ -104,31 +104,16 @@ def errors_cmd(
 ) -> None:
     """Per-example error breakdown of an experiment's latest execution (seed 002's error types)."""
     open_store(store, experiment, mlflow_uri)
-    from core.cell import resolve_cell
-    from schemas.records import ERROR_TYPES
-    from tracking.store.ledger import Ledger
+    from tracking.analysis.examples import error_examples
+    from tracking.analysis.inconsistency import AnalysisError
 
-    if error_type is not None and error_type not in ERROR_TYPES:
-        fail(f"--error-type must be one of {', '.join(ERROR_TYPES)}, got {error_type!r}")
-    ledger = Ledger(store)
     try:
-        df = ledger.experiment_outcomes(experiment)
-        if cell:
-            df = df[df["cell"] == resolve_cell(cell, sorted(df["cell"].unique()))]
-    except ValueError as exc:  # LedgerError, or a --cell naming no cell or several
+        out = error_examples(store, experiment, cell, error_type, include_correct)
+    except AnalysisError as exc:
         fail(str(exc))
-    if error_type:
-        df = df[df["error_type"] == error_type]
-    elif not include_correct:
-        df = df[df["error_type"] != "correct"]
-    q = ledger.questions(experiment)
-    out = df[["qid", "cell", "error_type", "prediction", "em", "f1", "gold_in_context"]].copy()
-    out["gold"] = [" | ".join(q.at[x, "answers"]) if x in q.index else "" for x in out["qid"]]
-    out["question"] = [q.at[x, "question"] if x in q.index else "" for x in out["qid"]]
-    out = out.sort_values(["qid", "cell"]).reset_index(drop=True)
     emit(out, fmt, output, title=f"{experiment}: per-example errors")
     if fmt == "table":
-        counts = df["error_type"].value_counts()
+        counts = out["error_type"].value_counts()
         console.print("  ".join(f"{k}: {v}" for k, v in counts.items()) or "no rows")
 
 
@@ -143,29 +128,12 @@ def flips_cmd(
 ) -> None:
     """Paired comparison of two cells: flip table, exact McNemar p, paired-bootstrap CI of ΔEM, flipped questions."""
     open_store(store, experiment, mlflow_uri)
-    from core.cell import resolve_cell
+    from tracking.analysis.examples import cell_pair
     from tracking.analysis.inconsistency import AnalysisError
     from tracking.analysis.stats import compare_cells, flipped_questions
-    from tracking.store.ledger import Ledger
 
-    exps = [experiment] if experiment else sorted(p.name for p in (Path(store) / "outcomes").glob("*") if p.is_dir())
-    found = []
-    for e in exps:
-        try:
-            df = Ledger(store).experiment_outcomes(e)
-            cells = sorted(df["cell"].unique())
-            found.append((e, df, resolve_cell(cell_a, cells), resolve_cell(cell_b, cells)))
-        except ValueError as exc:  # LedgerError, or a cell named by no cell or several
-            if experiment:
-                fail(str(exc))
-    if not found:
-        fail(f"no experiment in {store} holds both {cell_a!r} and {cell_b!r}")
-    if len(found) > 1:
-        fail(f"both cells exist in experiments {', '.join(f[0] for f in found)}; pick one with --experiment")
-    e, df, a, b = found[0]
-    if a == b:
-        fail(f"{cell_a!r} and {cell_b!r} name the same cell {a!r}")
     try:
+        e, df, a, b = cell_pair(store, cell_a, cell_b, experiment)
         r = compare_cells(df, a, b)
     except AnalysisError as exc:
         fail(str(exc))
@@ -193,25 +161,14 @@ def hardest_cmd(
 ) -> None:
     """Questions every cell of the latest execution gets wrong (EM), with each cell's error type."""
     open_store(store, experiment, mlflow_uri)
-    from tracking.store.ledger import Ledger, LedgerError, ensemble_rows
+    from tracking.analysis.examples import hardest_questions
+    from tracking.analysis.inconsistency import AnalysisError
 
-    ledger = Ledger(store)
     try:
-        df = ledger.experiment_outcomes(experiment)
-    except LedgerError as exc:
+        out, questions, n_cells = hardest_questions(store, experiment)
+    except AnalysisError as exc:
         fail(str(exc))
-    # EoR cells answer held-out questions only and choose among their members' answers: leave them out
-    df = df[~ensemble_rows(df)]
-    n_cells = df["cell"].nunique()
-    per_q = df.groupby("qid").agg(cells=("cell", "nunique"), right=("em", lambda s: int((s >= 1).sum())))
-    hard = per_q[(per_q["right"] == 0) & (per_q["cells"] == n_cells)].index
-    q = ledger.questions(experiment)
-    sub = df[df["qid"].isin(hard)]
-    types = sub.groupby("qid")["error_type"].agg(lambda s: ", ".join(f"{k}×{v}" for k, v in s.value_counts().items()))
-    out = types.rename("error_types").reset_index()
-    out.insert(1, "question", [q.at[x, "question"] if x in q.index else "" for x in out["qid"]])
-    out.insert(2, "gold", [" | ".join(q.at[x, "answers"]) if x in q.index else "" for x in out["qid"]])
-    emit(out, fmt, output, title=f"{experiment}: {len(out)} of {len(per_q)} questions failed by all {n_cells} cells")
+    emit(out, fmt, output, title=f"{experiment}: {len(out)} of {questions} questions failed by all {n_cells} cells")
 
 
 def analyze_cmd(
