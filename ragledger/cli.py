@@ -10,14 +10,15 @@ import logging
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
-from ragledger.cli_common import CORPUS_HELP, console, err, fail, stage_progress, usage_error, user_errors
+from ragledger.cli_common import CORPUS_HELP, console, err, fail, stage_progress, user_errors
 from ragledger.run_report import print_run_header, print_summary
+from ragledger.running import RunHost
 
 if TYPE_CHECKING:
     from schemas.spec import AnySpec
@@ -32,46 +33,27 @@ app = typer.Typer(
 
 
 def _report(exc: BaseException, errors: tuple[type[BaseException], ...]) -> NoReturn:
-    """End a command that failed after it started: the traceback goes to the run log (ragledger.runlog), the
-    terminal gets one `error:` line naming the log. Exit 2 for what the user or the machine must fix (their
-    errors name the culprit; an OSError names its path: disk full, permission denied), 1 for a defect."""
-    from core.secrets import scrub
-    from ragledger import runlog
+    """End a command that failed after it started with one `error:` line naming the run log, and its exit status
+    (ragledger/running.py `failure_line`)."""
+    from ragledger.running import failure_line
 
-    log = runlog.write_traceback(exc)
-    lines = str(exc).strip().splitlines() or [type(exc).__name__]  # the rest of a long message is in the log
-    if isinstance(exc, errors):  # no log yet: an input the run checks before it starts (flows/launch.py), said whole
-        message, code = lines[0] if log else "\n".join(lines), 2
-    elif isinstance(exc, OSError):
-        message, code = f"{type(exc).__name__}: {lines[0]}", 2
-    else:
-        message, code = f"unexpected {type(exc).__name__}: {lines[0]} (a defect in ragledger: please report it)", 1
-    where = f"; traceback in {runlog.shown(log)}" if log else ""
-    fail(scrub(message) + where, code)
+    fail(*failure_line(exc, errors))
 
 
-class _RunHost:
-    """What this command gives the run's route (flows/launch.py `Host`): its terminal, its run log and Prefect's
-    home, and the Prefect API server it starts."""
+class _RunHost(RunHost):
+    """What this command gives the run's route (flows/launch.py `Host`): the run log, Prefect's home and the Prefect
+    API server as any run in this process (ragledger/running.py `RunHost`), with its terminal: lines to stderr, the
+    run's header and its stage progress bars."""
 
     def say(self, line: str) -> None:
         err.print(line, highlight=False)
 
     @contextlib.contextmanager
     def running(self, spec: AnySpec) -> Iterator[None]:
-        from ragledger import runlog
-        from ragledger.prefect_env import configure_prefect_home
-
-        runlog.start(Path.cwd(), "run")
-        configure_prefect_home(Path.cwd())
-        print_run_header(spec)
-        with stage_progress():
-            yield
-
-    def prefect_api(self, meanwhile: Callable[[], None]) -> contextlib.AbstractContextManager[str]:
-        from ragledger.prefect_server import prefect_api
-
-        return prefect_api(meanwhile=meanwhile)
+        with super().running(spec):
+            print_run_header(spec)
+            with stage_progress():
+                yield
 
 
 @app.command()
@@ -90,15 +72,15 @@ def run(
     corpus: Annotated[str | None, typer.Option(help=CORPUS_HELP)] = None,
 ) -> None:
     """Run an experiment: retrieve -> generate -> vote -> evaluate, tracked in the store and MLflow."""
-    from flows.launch import RunOptions, launch
-    from ragledger.prefect_server import PrefectServerError
+    from flows.launch import launch
+    from ragledger.running import checked_run, run_errors
 
     errors = user_errors()
     try:  # every input is checked before anything is written (no .ragledger/ is created on bad input)
-        spec = _checked_spec(spec_path, store, base_url, json_out, runner, workers, scheduler, limit, embedded, corpus)
+        spec, options = checked_run(spec_path, store, base_url, json_out, runner, workers, scheduler, limit, embedded,
+                                    corpus)
     except errors as exc:
         fail(str(exc))
-    options = RunOptions(store or spec.tracking.store, base_url, "dask" if scheduler else runner, workers, scheduler)
     try:
         summary = launch(spec, options, _RunHost())
     except typer.Exit:
@@ -107,35 +89,10 @@ def run(
         pending = getattr(exc, "summary", None)
         if pending is not None:  # MLflow did not take the logging: the results are stored, show them first
             print_summary(pending)
-        _report(exc, (*errors, PrefectServerError))
+        _report(exc, run_errors())
     print_summary(summary)
     if json_out:
         json_out.write_text(json.dumps(summary, indent=2, default=str))
-
-
-def _checked_spec(spec_path: Path, store: str | None, base_url: str | None, json_out: Path | None, runner: str | None,
-                  workers: int | None, scheduler: str | None, limit: int | None, embedded: bool,
-                  corpus: str | None) -> AnySpec:
-    """The spec, parsed once with the command's overrides; the options and every place the run writes checked (a
-    user error raised naming it) before anything is written. Its inputs are checked by the run (flows/launch.py)."""
-    from core.secrets import refuse_credentials
-    from ragledger.locations import check_run_locations
-    from schemas.overrides import with_overrides
-    from schemas.spec import load_spec
-
-    spec = with_overrides(load_spec(spec_path), limit=limit, embedded=embedded, corpus=corpus, source=str(spec_path))
-    if runner not in (None, "thread", "dask"):
-        raise usage_error(f"--runner: unknown runner {runner!r} (thread, dask)")
-    if scheduler and runner == "thread":
-        raise usage_error("--scheduler is a Dask scheduler: use it with --runner dask (or without --runner)")
-    if workers is not None and workers <= 0:
-        raise usage_error("--workers must be a positive integer")
-    refuse_credentials(base_url, "--base-url", "put the API key in an environment variable and name it in "
-                       "model.api_key_env")
-    # every place the run writes (store, call cache, MLflow, Prefect home, logs, indexes, --json), before the inputs
-    # are read (flows/launch.py): a mistyped store is named before a large corpus is read for its hash
-    check_run_locations(spec, store or spec.tracking.store, "--store" if store else "tracking.store", Path.cwd(), json_out)
-    return spec
 
 
 @app.command()

@@ -33,7 +33,7 @@ def _cut(text: str, n: int) -> str:
 
 def render_trace(console: Console, store_root: str, experiment: str, qid: str, cell: str | None = None,
                  max_chars: int = 0) -> None:
-    q = _question(store_root, experiment, qid)
+    q = stored_question(store_root, experiment, qid)
     golds = [str(a) for a in q["answers"]]
     outcomes = Ledger(store_root).experiment_outcomes(experiment)
     outcomes = outcomes[outcomes["qid"] == qid]
@@ -49,7 +49,7 @@ def render_trace(console: Console, store_root: str, experiment: str, qid: str, c
         _print_chain(console, cell_chain(by_cell[c], records), golds, max_chars)
 
 
-def _question(store_root: str, experiment: str, qid: str) -> pd.Series:
+def stored_question(store_root: str, experiment: str, qid: str) -> pd.Series:
     questions = Ledger(store_root).questions(experiment)
     if questions.empty:
         raise TraceError(f"experiment {experiment!r}: no questions in {store_root}")
