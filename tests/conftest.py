@@ -27,6 +27,9 @@ SLOW = {
     "tests/test_report_browser.py",  # headless Chromium
     "tests/test_flow_readers.py",  # every reader strategy through the flow
     "tests/test_flow_scripted.py",  # the flow end to end, with faults, and reruns
+    # a flow run through ragledger.run (~60-90 s on 2 busy cores), then docs/walkthrough.ipynb in a kernel (~20 s)
+    "tests/test_notebook.py::test_run_returns_the_execution_its_readers_table_and_mlflow_run",
+    "tests/test_notebook.py::test_the_walkthrough_notebook_runs_in_a_kernel",
     "tests/test_mlflow_log.py",  # four processes creating one SQLite store; a subprocess reading MLflow back
     "tests/test_disk_full.py::test_disk_full_stops_cleanly_and_resumes_to_the_same_outcomes",
     "tests/test_reliability.py::test_kill_9_at_five_points_then_resume_gives_the_uninterrupted_result",
