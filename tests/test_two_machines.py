@@ -71,8 +71,7 @@ def test_a_run_on_machine_a_is_pulled_analysed_traced_and_extended_on_machine_b(
         assert summary_a["llm_calls"] == model.calls > 0
 
         # a damaged artifact on the server: one error line naming it, B's store as it was
-        store_b.mkdir()
-        (store_b / "notes.txt").write_text("B's own file\n")
+        store_b.mkdir()  # a new, empty store (a folder holding other files is refused before the pull: test_store_identity)
         before = listing(store_b)
         cell_run = next(iter(summary_a["mlflow_cell_run_ids"].values()))
         seg = sorted(p for p in (server_dir / "artifacts").rglob("seg-*.parquet")
