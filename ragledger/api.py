@@ -132,8 +132,10 @@ class Store:
         return sorted({name for kind in KINDS for name in store.experiments(kind)})
 
     def _known(self, experiment: str) -> str:
-        if experiment not in self.experiment_names():  # the Ledger's message for it (`Ledger.outcomes`)
-            raise RagledgerError(f"experiment {experiment!r}: no outcome records under {self.root / 'outcomes' / experiment}")
+        if experiment not in self.experiment_names():
+            from tracking.store.ledger import Ledger
+
+            raise _reraised(Ledger(self.root).no_outcomes(experiment))
         return experiment
 
     def experiments(self) -> pd.DataFrame:

@@ -160,6 +160,10 @@ class Ledger:
                 out.add(name)
         return out
 
+    def no_outcomes(self, experiment: str) -> LedgerError:
+        """The error for an experiment this store holds no outcome of (a mistyped name, usually)."""
+        return LedgerError(f"experiment {experiment!r}: no outcome records under {self.root / 'outcomes' / experiment}")
+
     def outcomes(self, experiment: str, execution: dict | None = None) -> pd.DataFrame:
         """Outcomes of the execution's segments (when its manifest names some), else every outcome of the experiment,
         in (cell, question) order. Restricting to one execution keeps an earlier run with another question sample or
@@ -167,7 +171,7 @@ class Ledger:
         paths = self._execution_paths("outcomes", execution, None) if execution is not None else []
         df = self.records("outcomes", paths=paths) if paths else self.records("outcomes", experiment)
         if df.empty and not paths:
-            raise LedgerError(f"experiment {experiment!r}: no outcome records under {self.root / 'outcomes' / experiment}")
+            raise self.no_outcomes(experiment)
         # the files' own order differs between a pack and the segments it replaced
         return df.sort_values(["cell", "qid"], kind="stable").reset_index(drop=True)
 
