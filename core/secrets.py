@@ -17,8 +17,9 @@ from urllib.parse import urlsplit
 
 # scheme://user:password@host or scheme://token@host: everything between // and the first @ before a path
 _USERINFO = re.compile(r"(?<=//)[^/?#@\s'\"]+@")
-# environment variables whose values are credentials (OPENAI_API_KEY, PGPASSWORD, MLFLOW_TRACKING_TOKEN, ...)
-SECRET_ENV = re.compile(r"(?i)(api[_-]?key|password|passwd|secret|token|credential)")
+# environment variables whose values are credentials (OPENAI_API_KEY, PGPASSWORD, MLFLOW_TRACKING_TOKEN,
+# PREFECT_API_AUTH_STRING, AWS_SECRET_ACCESS_KEY, ...)
+SECRET_ENV = re.compile(r"(?i)(api[_-]?key|password|passwd|secret|token|credential|auth[_-]?string)")
 MIN_SECRET_LEN = 6  # shorter values ("1", "true") would scrub ordinary words
 # names of further variables holding credentials (a spec's model.api_key_env may be named anything), set by the
 # CLI so that the processes it starts (Prefect's server, Dask workers) scrub them too

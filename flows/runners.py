@@ -1,4 +1,5 @@
-"""How Prefect runs a flow's tasks: the task runner (threads, or Dask processes) and its heartbeat settings."""
+"""How Prefect runs a flow's tasks: the task runner (threads, or Dask processes), the check that a named Dask scheduler
+takes this client, and the heartbeat settings."""
 
 from __future__ import annotations
 
@@ -23,6 +24,35 @@ def task_runner_for(runner: str, workers: int, scheduler_address: str | None = N
     # worker bounds its own model calls, so it gets 1/workers of model.concurrency (the whole run's bound)
     return DaskTaskRunner(cluster_kwargs={"n_workers": workers, "threads_per_worker": 4, "processes": True,
                                           "dashboard_address": None, "env": task_process_env(workers)})
+
+
+class DaskSchedulerError(ConnectionError):
+    """The Dask scheduler a run names cannot be reached with this process's Dask security settings."""
+
+
+TLS_CONFIG = ("Dask's TLS settings: DASK_DISTRIBUTED__COMM__TLS__CA_FILE, ...__TLS__CLIENT__CERT and "
+              "...__TLS__CLIENT__KEY, printed by `bash infra/dask_cluster.sh certs`")
+
+
+def check_scheduler(address: str, timeout_s: float = 10.0) -> None:
+    """Connect to the scheduler once, TLS handshake included, before the run writes anything: a scheduler that is
+    down, or that refuses this client's certificate (or its lack of one), is one error line after at most
+    `timeout_s`, not a traceback from inside the flow."""
+    import asyncio
+
+    from distributed.comm import connect
+    from distributed.security import Security
+
+    async def handshake() -> None:
+        comm = await connect(address, timeout=timeout_s, **Security().get_connection_args("client"))
+        await comm.close()
+
+    try:
+        asyncio.run(handshake())
+    except Exception as exc:  # OSError, TimeoutError, ssl errors, "TLS expects a ssl_context": all the same to a user
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        hint = f"; {TLS_CONFIG}" if address.startswith("tls://") else ""
+        raise DaskSchedulerError(f"the Dask scheduler at {address} refused or did not answer: {reason}{hint}") from None
 
 
 HEARTBEAT_SETTINGS = ("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", "PREFECT_RUNNER_HEARTBEAT_FREQUENCY")

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
-from ragledger.cli_common import CORPUS_HELP, console, err, fail, stage_progress, user_errors
+from ragledger.cli_common import CORPUS_HELP, console, err, fail, stage_progress
 from ragledger.run_report import print_run_header, print_summary
 from ragledger.running import RunHost
 
@@ -75,7 +75,7 @@ def run(
     from flows.launch import launch
     from ragledger.running import checked_run, run_errors
 
-    errors = user_errors()
+    errors = run_errors()
     try:  # every input is checked before anything is written (no .ragledger/ is created on bad input)
         spec, options = checked_run(spec_path, store, base_url, json_out, runner, workers, scheduler, limit, embedded,
                                     corpus)

@@ -59,11 +59,13 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from ragledger.locations import LocationError
     from schemas.errors import RecordValidationError
     from schemas.spec import SpecError
+    from tracking.mlflow.log import MlflowCredentialsError
     from tracking.mlflow.sync import MlflowLoggingPending
     from tracking.store.identity import NotAStoreError
 
     return (SpecError, DatasetError, BackendError, EmbeddedServerError, ModelFetchError, RecordValidationError,
-            LocationError, CredentialsInURL, StoreFullError, MlflowLoggingPending, NotAStoreError)
+            LocationError, CredentialsInURL, StoreFullError, MlflowLoggingPending, NotAStoreError,
+            MlflowCredentialsError)
 
 
 def usage_error(message: str) -> BaseException:

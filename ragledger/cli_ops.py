@@ -20,15 +20,18 @@ EXPERIMENT_FLOWS = ["ragledger-experiment", "ragledger-sweep", "ragledger-schedu
 
 
 @server_app.command("start")
-def server_start(port: Annotated[int, typer.Option(help="port on 127.0.0.1")] = 4200) -> None:
+def server_start(port: Annotated[int, typer.Option(help="port")] = 4200,
+                 host: Annotated[str, typer.Option(help="address to bind; beyond 127.0.0.1 it needs "
+                                                        "PREFECT_SERVER_API_AUTH_STRING")] = "127.0.0.1") -> None:
     """Start the local Prefect server in the background (idempotent); `ragledger run` then uses it."""
+    from core.exposure import ExposureError
     from ragledger.prefect_env import configure_prefect_home
     from ragledger.prefect_server import PrefectServerError, start_persistent_server
 
     configure_prefect_home(Path.cwd())
     try:
-        url, started = start_persistent_server(port)
-    except PrefectServerError as exc:
+        url, started = start_persistent_server(port, host)
+    except (PrefectServerError, ExposureError) as exc:
         fail(str(exc))
     console.print(f"Prefect server {'started' if started else 'already running'}: {url} "
                          f"(UI at {url.removesuffix('/api')}; stop with `ragledger server stop`)")

@@ -6,6 +6,11 @@ only from the environment: the database URI the server gets has no password in i
 (RAGLEDGER_PG_PASSWORD) reaches libpq as PGPASSWORD in the server's environment, so it is never part of
 a command line, a log line or a state file.
 
+With MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD set, the server runs MLflow's basic-auth app: that user
+is its admin (created on the first start; its password hashed in the auth database beside the server's state), every
+request but /health needs a user, and ragledger's clients send those same variables (MLflow's own). Bound beyond
+127.0.0.1 (RAGLEDGER_MLFLOW_HOST) it must have them (core/exposure.py).
+
     python -m ragledger.mlflow_server start|stop|status   (see infra/mlflow_server.sh for the variables)
 """
 
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -21,7 +27,10 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.exposure import ExposureError, local_address, require_credentials
 from core.processes import pid_alive, stop_process_group
+
+AUTH_ENV = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")  # MLflow's client variables
 
 
 class MlflowServerError(RuntimeError):
@@ -102,26 +111,45 @@ def status() -> str | None:
     return state["url"] if pid_alive(int(state["pid"])) and _healthy(state["url"]) else None
 
 
-def start(port: int = 5001, timeout_s: float = 180.0) -> tuple[str, bool]:
-    """Start the server in the background (idempotent). Returns (url, started_now)."""
+def _basic_auth(base: Path, env: dict[str, str]) -> list[str]:
+    """The server arguments and environment of MLflow's basic-auth app, its admin the client's own credentials.
+    The password goes only into the server's environment (MLflow's MLFLOW_AUTH_ADMIN_PASSWORD), never a file."""
+    config = base / "basic_auth.ini"
+    config.write_text("[mlflow]\ndefault_permission = READ\n"
+                      f"database_uri = sqlite:///{base / 'basic_auth.db'}\n"
+                      "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
+    env.update({"MLFLOW_AUTH_CONFIG_PATH": str(config), "MLFLOW_AUTH_ADMIN_USERNAME": os.environ[AUTH_ENV[0]],
+                "MLFLOW_AUTH_ADMIN_PASSWORD": os.environ[AUTH_ENV[1]]})
+    # the key signing the UI's CSRF tokens (MLflow requires one): the user's, else new at each start (a restart
+    # signs the UI's forms anew; clients using basic auth do not notice)
+    env.setdefault("MLFLOW_FLASK_SERVER_SECRET_KEY", secrets.token_hex(32))
+    return ["--app-name", "basic-auth"]
+
+
+def start(port: int = 5001, timeout_s: float = 180.0, host: str = "127.0.0.1") -> tuple[str, bool]:
+    """Start the server in the background (idempotent), bound to `host`. Returns (url, started_now)."""
+    authenticated = all(os.environ.get(name) for name in AUTH_ENV)
+    require_credentials("the MLflow server", host, authenticated, " and ".join(AUTH_ENV) + " (its admin user)")
     url = status()
     if url:
         return url, False
     pg = PgSettings.from_env()
     ensure_database(pg)
     base = state_dir()
+    base.mkdir(parents=True, exist_ok=True)
     artifacts = Path(os.environ.get("RAGLEDGER_MLFLOW_ARTIFACTS", base / "artifacts")).resolve()
     artifacts.mkdir(parents=True, exist_ok=True)
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://{local_address(host)}:{port}"
     env = {**os.environ, "MLFLOW_BACKEND_STORE_URI": pg.uri}
     if os.environ.get("RAGLEDGER_PG_PASSWORD"):
         env["PGPASSWORD"] = os.environ["RAGLEDGER_PG_PASSWORD"]
     env.pop("RAGLEDGER_PG_PASSWORD", None)
+    auth_args = _basic_auth(base, env) if authenticated else []
     log = base / "server.log"
     with open(log, "ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-             "--serve-artifacts", "--artifacts-destination", str(artifacts)],
+            [sys.executable, "-m", "mlflow", "server", "--host", host, "--port", str(port), "--workers", "1",
+             "--serve-artifacts", "--artifacts-destination", str(artifacts), *auth_args],
             env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + timeout_s
     while not _healthy(url):
@@ -132,7 +160,8 @@ def start(port: int = 5001, timeout_s: float = 180.0) -> tuple[str, bool]:
             raise MlflowServerError(f"mlflow server did not answer at {url} within {timeout_s:.0f} s; see {log}")
         time.sleep(0.5)
     (base / "server.json").write_text(json.dumps({"pid": proc.pid, "url": url, "backend": pg.uri,
-                                                  "artifacts": str(artifacts), "log": str(log)}))
+                                                  "artifacts": str(artifacts), "log": str(log),
+                                                  "auth": "basic-auth" if authenticated else None}))
     return url, True
 
 
@@ -152,7 +181,8 @@ def main(argv: list[str]) -> int:
     command = argv[0] if argv else "status"
     try:
         if command == "start":
-            url, started = start(int(os.environ.get("RAGLEDGER_MLFLOW_PORT", "5001")))
+            url, started = start(int(os.environ.get("RAGLEDGER_MLFLOW_PORT", "5001")),
+                                 host=os.environ.get("RAGLEDGER_MLFLOW_HOST", "127.0.0.1"))
             print(f"MLflow server {'started' if started else 'already running'}: {url}  "
                   f"(backend {PgSettings.from_env().uri}; use it with MLFLOW_TRACKING_URI={url})")
         elif command == "stop":
@@ -164,6 +194,9 @@ def main(argv: list[str]) -> int:
         else:
             print(f"usage: {Path(sys.argv[0]).name} start|stop|status", file=sys.stderr)
             return 2
+    except ExposureError as exc:  # the user must set credentials or bind loopback
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except MlflowServerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -28,6 +28,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from core.exposure import basic_auth_header, local_address, require_credentials
 from core.processes import die_with_parent, pid_alive, stop_child, stop_process_group
 
 STARTUP_TIMEOUT_S = float(os.environ.get("RAGLEDGER_PREFECT_STARTUP_TIMEOUT", "300"))
@@ -51,6 +52,33 @@ def healthy(api_url: str, timeout: float = 2.0) -> bool:
             return resp.status == 200
     except OSError:
         return False
+
+
+SERVER_AUTH = "PREFECT_SERVER_API_AUTH_STRING"  # the server's user:password (Prefect's own setting)
+CLIENT_AUTH = "PREFECT_API_AUTH_STRING"  # what a client sends (Prefect's own setting, read by its client too)
+ACCESS_TIMEOUT_S = 10.0
+
+
+def check_access(api_url: str, timeout: float = ACCESS_TIMEOUT_S) -> None:
+    """Raise PrefectServerError, in bounded time, when the Prefect API at `api_url` does not answer or refuses this
+    process's credentials (PREFECT_API_AUTH_STRING). /health answers everyone, so an authenticated route is asked."""
+    import urllib.error
+
+    request = urllib.request.Request(f"{api_url.rstrip('/')}/admin/version")
+    if os.environ.get(CLIENT_AUTH):
+        request.add_header("Authorization", basic_auth_header(os.environ[CLIENT_AUTH]))
+    try:
+        with urllib.request.urlopen(request, timeout=timeout):
+            return
+    except urllib.error.HTTPError as exc:
+        if exc.code in (401, 403):
+            given = "refused the credentials in" if os.environ.get(CLIENT_AUTH) else "requires credentials: set"
+            raise PrefectServerError(f"the Prefect API at {api_url} {given} {CLIENT_AUTH} (user:password, "
+                                     f"as the server's {SERVER_AUTH})") from None
+        raise PrefectServerError(f"the Prefect API at {api_url} answered HTTP {exc.code}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise PrefectServerError(f"the Prefect API at {api_url} does not answer "
+                                 f"({getattr(exc, 'reason', exc)}) within {timeout:.0f} s") from None
 
 
 def _free_port() -> int:
@@ -78,6 +106,7 @@ def _server_env(ephemeral: bool) -> dict[str, str]:
     env.update({"PREFECT_UI_ENABLED": "0" if ephemeral else env.get("PREFECT_UI_ENABLED", "1"),
                 "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1"})
     if ephemeral:  # no scheduler/loop services: the command's own flow run is all this server serves
+        env.pop(SERVER_AUTH, None)  # loopback only, and its one client is this command: no auth string to agree on
         env["PREFECT__SERVER_EPHEMERAL"] = "1"
         # nor block-type registration: a run saves no block, and checking whether the registry changed imports
         # every installed Prefect collection (prefect-dask: dask.distributed), a second of the server's start-up
@@ -98,8 +127,11 @@ def persistent_server_url() -> str | None:
     return None
 
 
-def start_persistent_server(port: int = 4200) -> tuple[str, bool]:
-    """Start (or find) the long-running local server. Returns (api_url, started_now)."""
+def start_persistent_server(port: int = 4200, host: str = "127.0.0.1") -> tuple[str, bool]:
+    """Start (or find) the long-running local server, bound to `host`. Returns (api_url, started_now). Beyond
+    loopback it must require an auth string (core/exposure.py)."""
+    require_credentials("the Prefect server", host, bool(os.environ.get(SERVER_AUTH)),
+                        f"{SERVER_AUTH}=user:password (clients then set {CLIENT_AUTH} to the same)")
     home = prefect_home()
     home.mkdir(parents=True, exist_ok=True)
     with open(home / "ragledger-startup.lock", "w") as lock:
@@ -108,10 +140,10 @@ def start_persistent_server(port: int = 4200) -> tuple[str, bool]:
         if url:
             return url, False
         log = home / "ragledger-server.log"
-        api_url = f"http://127.0.0.1:{port}/api"
+        api_url = f"http://{local_address(host)}:{port}/api"
         with open(log, "ab") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                [sys.executable, "-m", "prefect", "server", "start", "--host", host, "--port", str(port)],
                 env=_server_env(ephemeral=False), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True)  # outlives this command, by design
         _wait_healthy(api_url, proc, log)
@@ -183,6 +215,8 @@ def prefect_api(meanwhile: Callable[[], None] | None = None) -> Iterator[str]:
     `meanwhile` (e.g. importing the flow modules: Prefect, pandas, pandera) runs before the block, while a temporary
     server starts when one is needed, so the command waits for the longer of the two rather than their sum."""
     url = os.environ.get("PREFECT_API_URL") or persistent_server_url()
+    if url:  # one this command does not start: does it answer, and take this process's credentials?
+        check_access(url)
     with contextlib.ExitStack() as stack:
         if not url:
             url = stack.enter_context(temporary_server(meanwhile))

@@ -37,9 +37,9 @@ def spec_of(spec: SpecGiven) -> tuple[AnySpec, str]:
 def checked_run(spec_given: SpecGiven, store: str | None, base_url: str | None, json_out: Path | None,
                 runner: str | None, workers: int | None, scheduler: str | None, limit: int | None, embedded: bool,
                 corpus: str | None) -> tuple[AnySpec, RunOptions]:
-    """The spec, parsed once with the command's overrides, and the run's options; the options and every place the
-    run writes checked (a user error raised naming it) before anything is written. Its inputs are checked by the run
-    (flows/launch.py `preflight`)."""
+    """The spec, parsed once with the command's overrides, and the run's options; the options, every place the run
+    writes and the servers it talks to checked (a user error raised naming it) before anything is written. Its inputs
+    are checked by the run (flows/launch.py `preflight`)."""
     from core.secrets import refuse_credentials
     from flows.launch import RunOptions
     from ragledger.cli_common import usage_error
@@ -60,7 +60,28 @@ def checked_run(spec_given: SpecGiven, store: str | None, base_url: str | None, 
     # are read (flows/launch.py): a mistyped store is named before a large corpus is read for its hash
     check_run_locations(spec, store or spec.tracking.store, "--store" if store else "tracking.store", Path.cwd(), json_out)
     options = RunOptions(store or spec.tracking.store, base_url, "dask" if scheduler else runner, workers, scheduler)
+    check_services(spec, options)
     return spec, options
+
+
+def check_services(spec: AnySpec, options: RunOptions) -> None:
+    """The servers the run would talk to that it does not start, each asked once, in bounded time, whether it answers
+    and takes this process's credentials: a Prefect API (PREFECT_API_URL or `ragledger server`), an MLflow server, a
+    Dask scheduler. A refusal is one error line naming the service before anything is written."""
+
+    from flows.runners import check_scheduler
+    from ragledger.prefect_server import check_access, persistent_server_url
+    from tracking.mlflow.log import check_credentials
+
+    prefect = os.environ.get("PREFECT_API_URL") or persistent_server_url()
+    if prefect:
+        check_access(prefect)
+    tracking_uri = spec.tracking.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if tracking_uri:
+        check_credentials(tracking_uri)
+    scheduler = options.scheduler or spec.execution.scheduler_address
+    if scheduler:
+        check_scheduler(scheduler)
 
 
 class RunHost:
@@ -106,12 +127,13 @@ def failure_line(exc: BaseException, errors: tuple[type[BaseException], ...]) ->
 
 
 def run_errors() -> tuple[type[BaseException], ...]:
-    """The errors of a run the user or the machine must fix (ragledger/cli_common.py `user_errors`), and a Prefect
-    server that would not start."""
+    """The errors of a run the user or the machine must fix (ragledger/cli_common.py `user_errors`), a Prefect
+    server that would not start or refuses the credentials, and a Dask scheduler that refuses or does not answer."""
+    from flows.runners import DaskSchedulerError
     from ragledger.cli_common import user_errors
     from ragledger.prefect_server import PrefectServerError
 
-    return (*user_errors(), PrefectServerError)
+    return (*user_errors(), PrefectServerError, DaskSchedulerError)
 
 
 @dataclass(frozen=True)

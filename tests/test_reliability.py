@@ -414,15 +414,18 @@ def test_a_url_with_credentials_is_refused_up_front_without_showing_them(tmp_pat
 
 
 def test_secrets_appear_nowhere(tmp_path):
-    """An API key (by env-var name), URL passwords (endpoint and MLflow URI: refused) and a database password
-    (PGPASSWORD / MLFLOW_TRACKING_PASSWORD) go through a refused run, a completed run and a failed run; then every
+    """An API key (by env-var name), URL passwords (endpoint and MLflow URI: refused), a database password
+    (PGPASSWORD / MLFLOW_TRACKING_PASSWORD) and service credentials (PREFECT_API_AUTH_STRING, AWS_SECRET_ACCESS_KEY;
+    tests/test_auth.py runs them against servers that require them) go through a refused run, a completed run and a failed run; then every
     file those runs touched is searched: the store, the LLM-call cache, MLflow's database and artifacts, Prefect's
     database and results, the run logs, the indexes, and every line printed."""
     def secret(prefix: str) -> str:
         return prefix + "".join(random.choices("abcdef0123456789", k=24))
 
     api_key, url_password, db_password = secret("sk-ragledger-test-"), secret("pw-url-"), secret("pw-db-")
-    env = {"RAGLEDGER_TEST_API_KEY": api_key, "PGPASSWORD": db_password, "MLFLOW_TRACKING_PASSWORD": db_password}
+    service_secret = secret("pw-service-")  # the other services' credentials: Prefect's auth string, S3's secret key
+    env = {"RAGLEDGER_TEST_API_KEY": api_key, "PGPASSWORD": db_password, "MLFLOW_TRACKING_PASSWORD": db_password,
+           "PREFECT_API_AUTH_STRING": f"lab:{service_secret}", "AWS_SECRET_ACCESS_KEY": service_secret}
     make_data(tmp_path, 6)
     outputs: list[str] = []
     for case in CREDENTIALS:  # refused, each: nothing written, nothing shown
@@ -464,7 +467,8 @@ def test_secrets_appear_nowhere(tmp_path):
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / '.ragledger' / 'mlflow.db'}")
     for run in mlflow.search_runs(experiment_names=["rel"], output_format="list"):
         haystack += [("MLflow params", json.dumps(run.data.params)), ("MLflow tags", json.dumps(run.data.tags))]
-    for name, value in (("API key", api_key), ("URL password", url_password), ("database password", db_password)):
+    for name, value in (("API key", api_key), ("URL password", url_password), ("database password", db_password),
+                        ("service credential", service_secret)):
         leaks = [where for where, text in haystack if value in text]
         assert not leaks, f"{name} leaked into {leaks}"
     print(f"scanned {len(files)} files, {len(outputs)} output streams and the MLflow params/tags: no secret found")

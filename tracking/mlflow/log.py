@@ -106,6 +106,37 @@ def check_reachable(tracking_uri: str, timeout_s: float = 5.0) -> None:
         raise ConnectionError(f"no answer ({reason})") from None
 
 
+class MlflowCredentialsError(PermissionError):
+    """The tracking server refused this process's credentials (MLFLOW_TRACKING_USERNAME/PASSWORD)."""
+
+
+def check_credentials(tracking_uri: str, timeout_s: float = 5.0) -> None:
+    """Raise MlflowCredentialsError when an http(s) tracking server answers an authenticated route with 401/403 for
+    this process's MLFLOW_TRACKING_USERNAME/PASSWORD (MLflow's basic-auth app; /health answers everyone). A server
+    that does not answer is left to check_reachable and the pending path; a request needs no MLflow import."""
+    import urllib.error
+    import urllib.request
+
+    from core.exposure import basic_auth_header
+
+    if not tracking_uri.startswith(("http://", "https://")):
+        return
+    request = urllib.request.Request(f"{tracking_uri.rstrip('/')}/api/2.0/mlflow/experiments/search?max_results=1")
+    user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
+    if user and password:
+        request.add_header("Authorization", basic_auth_header(f"{user}:{password}"))
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s):
+            return
+    except urllib.error.HTTPError as exc:
+        if exc.code in (401, 403):
+            said = "refused the credentials in" if user and password else "requires credentials: set"
+            raise MlflowCredentialsError(f"the MLflow server at {redact_url(tracking_uri)} {said} "
+                                         "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD") from None
+    except (urllib.error.URLError, OSError):
+        return
+
+
 def preload(tracking_uri: str) -> None:
     """Import MLflow and open the tracking store of `tracking_uri` ahead of the logging: a run calls this in a
     background thread while its model calls are in flight (seconds of imports and, for SQLite, the schema check),

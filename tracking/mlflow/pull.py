@@ -138,7 +138,7 @@ def _pull_lock(store: Path, experiment: str) -> Iterator[None]:
 def _client(tracking_uri: str):
     from mlflow import MlflowClient
 
-    from tracking.mlflow.log import HTTP_RETRY_DEFAULTS, check_reachable
+    from tracking.mlflow.log import HTTP_RETRY_DEFAULTS, MlflowCredentialsError, check_credentials, check_reachable
 
     for name, value in HTTP_RETRY_DEFAULTS.items():
         os.environ.setdefault(name, value)
@@ -152,6 +152,10 @@ def _client(tracking_uri: str):
         check_reachable(tracking_uri)
     except ConnectionError as exc:
         raise PullError(f"MLflow at {redact_url(tracking_uri)}: {exc}") from None
+    try:
+        check_credentials(tracking_uri)
+    except MlflowCredentialsError as exc:
+        raise PullError(str(exc)) from None
     return MlflowClient(tracking_uri=tracking_uri)
 
 
