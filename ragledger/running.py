@@ -59,7 +59,10 @@ def checked_run(spec_given: SpecGiven, store: str | None, base_url: str | None, 
     # every place the run writes (store, call cache, MLflow, Prefect home, logs, indexes, --json), before the inputs
     # are read (flows/launch.py): a mistyped store is named before a large corpus is read for its hash
     check_run_locations(spec, store or spec.tracking.store, "--store" if store else "tracking.store", Path.cwd(), json_out)
-    options = RunOptions(store or spec.tracking.store, base_url, "dask" if scheduler else runner, workers, scheduler)
+    root = store or spec.tracking.store
+    if (scheduler or spec.execution.scheduler_address) and "://" not in root:
+        root = str(Path(root).resolve())  # a long-lived cluster's workers each run in a folder of their own
+    options = RunOptions(root, base_url, "dask" if scheduler else runner, workers, scheduler)
     check_services(spec, options)
     return spec, options
 

@@ -157,7 +157,7 @@ def test_authenticated_services_refuse_strangers_and_serve_a_run(tmp_path):
                          f"the Dask scheduler at {scheduler}"),
             }
             for service, (env, named) in wrong.items():
-                done, seconds = _run(ws, ["run", str(spec), "--scheduler", scheduler, "--store", str(store)], env)
+                done, seconds = _run(ws, ["run", str(spec), "--scheduler", scheduler], env)
                 lines = done.stderr.strip().splitlines()
                 assert done.returncode == 2 and len(lines) == 1, (service, done.stdout + done.stderr)
                 assert lines[0].startswith("error: ") and named in lines[0], (service, lines)
@@ -165,11 +165,11 @@ def test_authenticated_services_refuse_strangers_and_serve_a_run(tmp_path):
                 assert not store.exists() or not any(p.is_file() for p in store.rglob("*")), service
                 print(f"{service}: wrong credential -> {lines[0]} ({seconds:.1f} s)")
 
-            # the store's absolute path: the workers run in folders of their own
-            done, seconds = _run(ws, ["run", str(spec), "--scheduler", scheduler, "--store", str(store),
-                                      "--json", str(ws / "s.json")], right)
+            # the spec's relative store: the run hands the workers, each in a folder of its own, its absolute path
+            done, seconds = _run(ws, ["run", str(spec), "--scheduler", scheduler, "--json", str(ws / "s.json")], right)
             assert done.returncode == 0, done.stdout + done.stderr
         summary = json.loads((ws / "s.json").read_text())
+        assert any((store / "outcomes").rglob("*.parquet")) and not list((tmp_path / "dask").rglob("outcomes"))
         assert summary["tracking_uri"] == mlflow.url and summary.get("mlflow_parent_run_id"), summary
         print(f"authenticated run through Prefect, MLflow and a TLS Dask scheduler: {seconds:.1f} s")
 

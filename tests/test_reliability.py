@@ -416,9 +416,9 @@ def test_a_url_with_credentials_is_refused_up_front_without_showing_them(tmp_pat
 def test_secrets_appear_nowhere(tmp_path):
     """An API key (by env-var name), URL passwords (endpoint and MLflow URI: refused), a database password
     (PGPASSWORD / MLFLOW_TRACKING_PASSWORD) and service credentials (PREFECT_API_AUTH_STRING, AWS_SECRET_ACCESS_KEY;
-    tests/test_auth.py runs them against servers that require them) go through a refused run, a completed run and a failed run; then every
-    file those runs touched is searched: the store, the LLM-call cache, MLflow's database and artifacts, Prefect's
-    database and results, the run logs, the indexes, and every line printed."""
+    tests/test_auth.py runs them against servers that require them) go through a refused run, a completed run and a
+    failed run; then every file those runs touched is searched: the store, the LLM-call cache, MLflow's database and
+    artifacts, Prefect's database and results, the run logs, the indexes, and every line printed."""
     def secret(prefix: str) -> str:
         return prefix + "".join(random.choices("abcdef0123456789", k=24))
 
