@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from core.datasets import DatasetError, iter_corpus
+from core.datasets import DatasetError, iter_corpus_batches
 from core.hashing import stable_hash
 from strategies.retrievers import parse_retriever
 from strategies.retrievers.base import Query, reader_text
@@ -123,7 +123,7 @@ def test_a_dpr_tsv_is_indexed_as_the_same_passages_as_jsonl_read_in_place(tmp_pa
 
     monkeypatch.setenv("RAGLEDGER_HOME", str(tmp_path / "home"))
     reads = []
-    monkeypatch.setattr(corpus_module, "iter_corpus", lambda *a: reads.append(a[0]) or iter_corpus(*a))
+    monkeypatch.setattr(corpus_module, "iter_corpus_batches", lambda *a: reads.append(a[0]) or iter_corpus_batches(*a))
     jsonl = tmp_path / "contents.jsonl"
     jsonl.write_text("".join(json.dumps({"id": p, "contents": f"{t}\n{x}"}) + "\n" for p, x, t in QUOTED))
     from_jsonl = Corpus.load("jsonl", (str(jsonl),))

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from core.datasets import DatasetError
-from strategies.retrievers.corpus import CorpusError
+from core.datasets import DatasetError, PassageBatch
+from strategies.retrievers.corpus import CorpusError, JsonBatch
 from strategies.retrievers.lucene import PipeFeed, anserini_lines
 
 CHUNKS = [bytes([65 + i % 26]) * 100_000 for i in range(20)]  # 2 MB: many times a pipe's buffer
@@ -80,8 +80,14 @@ def test_an_error_of_the_reader_is_raised_as_it_is(tmp_path):
 
 
 def test_lines_are_what_json_dumps_writes():
+    """Anserini's input lines, built from a batch's encoded columns, are json.dumps' own (UTF-8, not ASCII escapes:
+    Anserini stores each document as Jackson writes it again, tests/test_corpus_sources.py checks the stored bytes),
+    whether a batch is encoded whole (no control character in it) or value by value (a title's line break)."""
     import json
 
-    passages = [("1", "Aaron", 'Ahärôn "the" priest\\ok'), ("2", "Two\nlines", "text\twith a tab"), ("3", "", "x")]
-    lines = b"".join(anserini_lines(iter(passages))).decode("ascii").splitlines()
-    assert lines == [json.dumps({"id": p, "contents": f"{t.replace(chr(10), ' ')}\n{x}"}) for p, t, x in passages]
+    passages = [("1", "Aaron", 'Ahärôn "the" priest\\ok 😀'), ("2", "Two\nlines", "text\twith a tab"), ("3", "", "x")]
+    for batch in (passages, [passages[0], passages[2]]):
+        pids, titles, texts = (list(column) for column in zip(*batch, strict=True))
+        lines = anserini_lines(JsonBatch(PassageBatch(1, pids, titles, texts))).decode("utf-8").split("\n")
+        assert lines == [json.dumps({"id": p, "contents": f"{t.replace(chr(10), ' ')}\n{x}"}, ensure_ascii=False)
+                         for p, t, x in batch] + [""]

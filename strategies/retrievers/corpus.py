@@ -33,7 +33,7 @@ from json.encoder import encode_basestring  # type: ignore[attr-defined]  # the 
 from pathlib import Path
 
 from core.atomic import atomic_write_text
-from core.datasets import CORPUS_FORMATS, DatasetError, check_unique_ids, iter_corpus, pid_hash
+from core.datasets import CORPUS_FORMATS, DatasetError, PassageBatch, check_unique_ids, iter_corpus, iter_corpus_batches, pid_hash
 from core.hashing import stable_hash
 from core.paths import cache_home, file_identity, resolve_data_path
 
@@ -53,7 +53,6 @@ def corpus_kinds() -> tuple[str, ...]:
 CORPUS_INFO_VERSION = "corpus-info-1"
 LUCENE_FOOTER_BYTES = 16  # every Lucene file ends with a codec footer holding its CRC32 checksum
 PROGRESS_EVERY = 1_000_000  # passages between progress lines of the one-time read
-HASH_BATCH = 4096
 
 
 class CorpusError(DatasetError):
@@ -84,7 +83,7 @@ class Corpus:
     def load(cls, name: str, paths: tuple[str, ...], faiss: str | None = None, log=None, tee=None) -> Corpus:
         """The spec's corpus: its hash and size, kept per file identity (a passage file is read and hashed once on
         this machine, saying so to `log`) or computed from an index's files. Nothing of the passages stays in memory.
-        `tee`, when given, is handed every batch of (row, pid, title, text) of that one read, as it is read (an index
+        `tee`, when given, is handed every batch of that one read as a `JsonBatch`, as it is read (an index
         built from the same read: strategies/retrievers/lucene.py `load_with_index`); it is not called when the
         corpus is already named on this machine (`named`)."""
         if name not in corpus_kinds():
@@ -121,6 +120,12 @@ class Corpus:
             raise CorpusError(f"corpus {self.paths[0]}: an index corpus is read through its index, not streamed")
         for _, pid, title, text in iter_corpus(self.name, list(self.paths)):
             yield pid, title, text
+
+    def batches(self) -> Iterator[PassageBatch]:
+        """The passages of `stream`, a batch of a few thousand at a time."""
+        if not self.built_here:
+            raise CorpusError(f"corpus {self.paths[0]}: an index corpus is read through its index, not streamed")
+        yield from iter_corpus_batches(self.name, list(self.paths))
 
 
 def _identity(name: str, paths: tuple[str, ...]) -> tuple:
@@ -172,22 +177,23 @@ def stream_hash(name: str, paths: tuple[str, ...], log=None, shape: dict | None 
     corpus (core/hashing.py: sha256 of the JSON of the three lists), without holding them. The ids go to the
     hash as they come; titles and texts are spooled to two temporary files and appended after them. Every row is
     checked on the way (tasks: core/datasets.py `iter_corpus`), duplicate ids too, in 8 bytes a passage. Each batch
-    of rows goes to `tee` too, when given (Corpus.load)."""
+    goes to `tee` too, when given, encoded once for both (`JsonBatch`, Corpus.load)."""
     sha = hashlib.sha256(b'["corpus", [')
     hashes = array("Q")
     count = 0
     spool_dir = _spool_dir()
     with tempfile.TemporaryFile(dir=spool_dir) as titles, tempfile.TemporaryFile(dir=spool_dir) as texts:
-        # in batches: one hash update and one write per HASH_BATCH passages, not per passage (a third of the time)
-        for batch in _batches(iter_corpus(name, list(paths), shape), HASH_BATCH):
+        # a batch at a time: one hash update and one write per batch of a few thousand passages, not per passage
+        for batch in iter_corpus_batches(name, list(paths), shape):
+            encoded = JsonBatch(batch)
             if tee is not None:
-                tee(batch)
+                tee(encoded)
             sep = b", " if count else b""
-            sha.update(sep + b", ".join([_json(pid) for _, pid, _, _ in batch]))
-            titles.write(sep + b", ".join([_json(title) for _, _, title, _ in batch]))
-            texts.write(sep + b", ".join([_json(text) for _, _, _, text in batch]))
-            hashes.extend([pid_hash(pid) for _, pid, _, _ in batch])
-            before, count = count, count + len(batch)
+            sha.update(sep + encoded.json_list(encoded.pids))
+            titles.write(sep + encoded.json_list(encoded.titles))
+            texts.write(sep + encoded.json_list(encoded.texts))
+            hashes.extend([pid_hash(pid) for pid in batch.pids])
+            before, count = count, count + len(batch.pids)
             if log is not None and count // PROGRESS_EVERY > before // PROGRESS_EVERY:
                 log(f"  {count:,} passages read")
         check_unique_ids(name, list(paths), hashes)
@@ -200,15 +206,40 @@ def stream_hash(name: str, paths: tuple[str, ...], log=None, shape: dict | None 
     return sha.hexdigest()[:32], count
 
 
-def _batches(rows, size: int):
-    batch = []
-    for row in rows:
-        batch.append(row)
-        if len(batch) == size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
+class JsonBatch:
+    """A batch of passages as JSON strings, each what json.dumps(value, ensure_ascii=False) writes, in UTF-8, without
+    its quotes; a column is its strings joined by b"\n" (a string never holds one: a line break is written `\\n`).
+    The corpus hash takes them as JSON lists (`json_list`), an index build's lines interleave them
+    (strategies/retrievers/lucene.py `anserini_lines`): each value is encoded once for both."""
+
+    def __init__(self, batch: PassageBatch):
+        utf8 = batch.utf8 or (None, None, None)
+        self.size = len(batch.pids)
+        self.pids, self.titles, self.texts = (json_strings(values, joined) for values, joined in
+                                              zip((batch.pids, batch.titles, batch.texts), utf8, strict=True))
+        # Anserini's contents are "title\ntext": a title's own line breaks become spaces (lucene.py `anserini_lines`)
+        self.one_line_titles = self.titles if utf8[1] is not None or "\n" not in "".join(batch.titles) else \
+            json_strings([title.replace("\n", " ") for title in batch.titles])
+
+    @staticmethod
+    def json_list(column: bytes) -> bytes:
+        """The column's strings as the items of a JSON list, `"a", "b"` (json.dumps' separator)."""
+        return b'"' + column.replace(b"\n", b'", "') + b'"'
+
+
+_CONTROL = bytes(range(32))  # written as escapes by json.dumps, as \\ and \" are
+
+
+def json_strings(values: list[str], joined: bytes | None = None) -> bytes:
+    """`values` as JSON strings (`JsonBatch`), joined by b"\n". `joined`, when given, is the values in UTF-8 joined
+    by b"\n" already, none holding one. Over the whole batch at once when no value holds a control character
+    (nothing to escape but backslashes and quotes); else one value at a time by json's own encoder."""
+    if joined is None:
+        text = "\n".join(values)
+        joined = text.encode("utf-8") if text.count("\n") == len(values) - 1 else None  # else a value holds a \n
+    if joined is not None and len(joined.translate(None, _CONTROL)) == len(joined) - len(values) + 1:
+        return joined.replace(b"\\", b"\\\\").replace(b'"', b'\\"')
+    return b"\n".join([_json(value)[1:-1] for value in values])
 
 
 def _spool_dir() -> Path | None:

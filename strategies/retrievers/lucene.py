@@ -14,14 +14,13 @@ import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
-from json.encoder import encode_basestring_ascii as _ascii_json  # type: ignore[attr-defined]  # json.dumps' C encoder
+from collections.abc import Callable
 from pathlib import Path
 
 from core.atomic import COMPLETE_MARKER, publish_dir
 from core.paths import resolve_data_path
 from strategies.retrievers.base import Hit, reader_text
-from strategies.retrievers.corpus import Corpus, CorpusError, corpus_label
+from strategies.retrievers.corpus import Corpus, CorpusError, JsonBatch, corpus_label
 
 SEARCHER_CLASS = "io/anserini/search/SimpleSearcher"
 _searchers: dict[str, object] = {}
@@ -71,10 +70,10 @@ def load_with_index(name: str, paths: tuple[str, ...], faiss: str | None, index_
     work = Path(tempfile.mkdtemp(prefix=".bm25-build-", dir=index_root))
     fed = [0]
 
-    def read(write) -> Corpus:  # the corpus's one read, each batch of rows also encoded for Anserini
-        def tee(rows: list[tuple[int, str, str, str]]) -> None:
-            fed[0] += len(rows)
-            write(b"".join(anserini_lines((pid, title, text) for _, pid, title, text in rows)))
+    def read(write) -> Corpus:  # the corpus's one read, each batch also written for Anserini
+        def tee(batch: JsonBatch) -> None:
+            fed[0] += batch.size
+            write(anserini_lines(batch))
 
         return Corpus.load(name, paths, faiss, log=log, tee=tee)
 
@@ -114,8 +113,8 @@ def _build(corpus: Corpus, target: Path, index_root: Path, threads: int, log) ->
             _index_collection(docs, index_dir, threads)
         else:
             def produce(write: Callable[[bytes], object]) -> None:
-                for chunk in anserini_lines(corpus.stream()):
-                    write(chunk)
+                for batch in corpus.batches():
+                    write(anserini_lines(JsonBatch(batch)))
 
             with PipeFeed(docs / "corpus.jsonl", produce):
                 _index_collection(docs, index_dir, threads)
@@ -137,22 +136,21 @@ def _index_collection(docs: Path, index_dir: Path, threads: int) -> None:
     )  # fmt: skip
 
 
-FEED_BATCH = 4096  # passages encoded and written at a time
+# a line's pieces around its three JSON strings (JsonBatch): {"id": "PID", "contents": "TITLE\nTEXT"}
+_LINE = (b'{"id": "', None, b'", "contents": "', None, b"\\n", None, b'"}\n')
 
 
-def anserini_lines(passages: Iterator[tuple[str, str, str]]) -> Iterator[bytes]:
-    """(pid, title, text) as JsonCollection lines `{"id": pid, "contents": "title\\ntext"}`, byte for byte what
-    json.dumps writes (ASCII escapes), a batch at a time. A title's own line breaks would move the title/text
-    boundary of the stored document: they become spaces."""
-    batch: list[str] = []
-    for pid, title, text in passages:
-        contents = f"{title.replace(chr(10), ' ')}\n{text}"
-        batch.append(f'{{"id": {_ascii_json(pid)}, "contents": {_ascii_json(contents)}}}\n')
-        if len(batch) == FEED_BATCH:
-            yield "".join(batch).encode("ascii")
-            batch = []
-    if batch:
-        yield "".join(batch).encode("ascii")
+def anserini_lines(batch: JsonBatch) -> bytes:
+    """A batch of passages as JsonCollection lines `{"id": pid, "contents": "title\\ntext"}`, byte for byte what
+    json.dumps(..., ensure_ascii=False) writes (Anserini reads them as UTF-8 and stores each document as Jackson
+    writes it again, so the escapes chosen do not reach the index). A title's own line breaks would move the
+    title/text boundary of the stored document: they become spaces (`JsonBatch.one_line_titles`). Built from the
+    batch's encoded columns with list operations, not a string per passage."""
+    parts = list(_LINE) * batch.size
+    parts[1::7] = batch.pids.split(b"\n")
+    parts[3::7] = batch.one_line_titles.split(b"\n")
+    parts[5::7] = batch.texts.split(b"\n")
+    return b"".join(parts)
 
 
 class _Stopped(Exception):
