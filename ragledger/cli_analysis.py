@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ragledger.cli_common import DEFAULT_STORE, checked_store, console, err, fail
-from ragledger.cli_share import MlflowPullOpt, open_store
+from ragledger.cli_share import MlflowPullOpt, over_records
 
 FORMATS = ("table", "csv", "json", "parquet")
 ERROR_TYPE_HELP = "correct, lucky_guess, retrieval_failure, extraction_error, hallucination_error or abstention"
@@ -71,6 +71,7 @@ def emit(df, fmt: str, output: Path | None = None, title: str | None = None, max
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
 
 
+@over_records
 def query_cmd(
     sql: Annotated[str, typer.Argument(help="SQL over the views questions, retrievals, generations, votes, outcomes")],
     store: StoreOpt = DEFAULT_STORE,
@@ -80,7 +81,6 @@ def query_cmd(
     mlflow_uri: MlflowPullOpt = None,
 ) -> None:
     """Run SQL (DuckDB) over the event store's views."""
-    open_store(store, experiment, mlflow_uri)
     import duckdb
 
     from tracking.store.ledger import Ledger
@@ -92,6 +92,7 @@ def query_cmd(
     emit(df, fmt, output)
 
 
+@over_records
 def errors_cmd(
     experiment: Annotated[str, typer.Argument(help="experiment name")],
     store: StoreOpt = DEFAULT_STORE,
@@ -103,20 +104,16 @@ def errors_cmd(
     mlflow_uri: MlflowPullOpt = None,
 ) -> None:
     """Per-example error breakdown of an experiment's latest execution (seed 002's error types)."""
-    open_store(store, experiment, mlflow_uri)
     from tracking.analysis.examples import error_examples
-    from tracking.analysis.inconsistency import AnalysisError
 
-    try:
-        out = error_examples(store, experiment, cell, error_type, include_correct)
-    except AnalysisError as exc:
-        fail(str(exc))
+    out = error_examples(store, experiment, cell, error_type, include_correct)
     emit(out, fmt, output, title=f"{experiment}: per-example errors")
     if fmt == "table":
         counts = out["error_type"].value_counts()
         console.print("  ".join(f"{k}: {v}" for k, v in counts.items()) or "no rows")
 
 
+@over_records
 def flips_cmd(
     cell_a: Annotated[str, typer.Argument(help="cell A (exact name or words naming one cell)")],
     cell_b: Annotated[str, typer.Argument(help="cell B")],
@@ -127,16 +124,11 @@ def flips_cmd(
     mlflow_uri: MlflowPullOpt = None,
 ) -> None:
     """Paired comparison of two cells: flip table, exact McNemar p, paired-bootstrap CI of ΔEM, flipped questions."""
-    open_store(store, experiment, mlflow_uri)
     from tracking.analysis.examples import cell_pair
-    from tracking.analysis.inconsistency import AnalysisError
     from tracking.analysis.stats import compare_cells, flipped_questions
 
-    try:
-        e, df, a, b = cell_pair(store, cell_a, cell_b, experiment)
-        r = compare_cells(df, a, b)
-    except AnalysisError as exc:
-        fail(str(exc))
+    e, df, a, b = cell_pair(store, cell_a, cell_b, experiment)
+    r = compare_cells(df, a, b)
     console.print(f"[bold]{escape(e)}[/]: A = {escape(a)}   B = {escape(b)}   ({r.questions} shared questions)")
     t = Table(show_header=True)
     for c in ("", "B right", "B wrong"):
@@ -152,6 +144,7 @@ def flips_cmd(
         emit(flips, fmt, output, title="flipped questions")
 
 
+@over_records
 def hardest_cmd(
     experiment: Annotated[str, typer.Argument(help="experiment name")],
     store: StoreOpt = DEFAULT_STORE,
@@ -160,17 +153,13 @@ def hardest_cmd(
     mlflow_uri: MlflowPullOpt = None,
 ) -> None:
     """Questions every cell of the latest execution gets wrong (EM), with each cell's error type."""
-    open_store(store, experiment, mlflow_uri)
     from tracking.analysis.examples import hardest_questions
-    from tracking.analysis.inconsistency import AnalysisError
 
-    try:
-        out, questions, n_cells = hardest_questions(store, experiment)
-    except AnalysisError as exc:
-        fail(str(exc))
+    out, questions, n_cells = hardest_questions(store, experiment)
     emit(out, fmt, output, title=f"{experiment}: {len(out)} of {questions} questions failed by all {n_cells} cells")
 
 
+@over_records
 def analyze_cmd(
     experiment: Annotated[str, typer.Argument(help="experiment name")],
     store: StoreOpt = DEFAULT_STORE,
@@ -187,24 +176,19 @@ def analyze_cmd(
     mlflow_uri: MlflowPullOpt = None,
 ) -> None:
     """Run the analysis flow: RWR/MRLR, error decomposition, statistics, EoR; plots + tables + report to MLflow."""
-    open_store(store, experiment, mlflow_uri)
     from ragledger.prefect_env import configure_prefect_home
 
     configure_prefect_home(Path.cwd())
     from flows.analyze import analyze_flow
     from tracking.analysis.eor import POOLING_CHOICES
-    from tracking.store.ledger import LedgerError
 
     if eor_pooling not in POOLING_CHOICES:
         fail(f"--eor-pooling must be one of {', '.join(POOLING_CHOICES)}, got {eor_pooling!r}")
-    try:
-        r = analyze_flow(store, experiment, str(out) if out else None, metric, eor, mlflow, eor_train, eor_pooling,
-                         tuple(across or ()))
-    except LedgerError as exc:
-        fail(str(exc))
-    print_analysis(r)
+    print_analysis(analyze_flow(store, experiment, str(out) if out else None, metric, eor, mlflow, eor_train, eor_pooling,
+                                tuple(across or ())))
 
 
+@over_records
 def trace_cmd(
     experiment: Annotated[str, typer.Argument(help="experiment name")],
     qid: Annotated[str, typer.Argument(help="question id")],
@@ -214,7 +198,6 @@ def trace_cmd(
     mlflow_uri: MlflowPullOpt = None,
 ) -> None:
     """Lineage of one question: passages, every generation (role, prompt, raw output), the vote, the outcome."""
-    open_store(store, experiment, mlflow_uri)
     from ragledger.trace import render_trace
 
     try:

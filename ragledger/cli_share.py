@@ -4,7 +4,10 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -26,11 +29,31 @@ MlflowPullOpt = Annotated[str | None, typer.Option(
     help="pull the experiment from this MLflow first when the store lacks it (ragledger pull)")]
 
 
-def open_store(store: str, experiment: str | None = None, mlflow_uri: str | None = None) -> None:
-    """`store` checked (a ragledger store; a new or empty folder too when `experiment` may be pulled into it from the
-    MLflow at `mlflow_uri`), then `experiment` brought from MLflow when the store lacks it
-    (tracking.mlflow.pull.ensure_local); what it did goes to stderr, so a command's CSV or JSON on stdout stays clean;
-    a failed check or pull is one error line."""
+def over_records(command: Callable[..., None]) -> Callable[..., None]:
+    """A command over stored records (query, errors, flips, hardest, analyze, trace): before its body runs, `--store`
+    is checked (a new or empty folder too when the experiment may be pulled into it) and the experiment it names is
+    brought from the MLflow at `--mlflow-uri` when the store lacks it (tracking.mlflow.pull.ensure_local); a read
+    that fails (tracking.store.ledger.LedgerError, an AnalysisError too) is one error line. So the body only parses,
+    reads and prints. What the pull did goes to stderr: a command's CSV or JSON on stdout stays clean."""
+    signature = inspect.signature(command)
+
+    @functools.wraps(command)
+    def run(*args: object, **kwargs: object) -> None:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        given = bound.arguments
+        _pull_missing(str(given["store"]), given.get("experiment"), given.get("mlflow_uri"))
+        from tracking.store.ledger import LedgerError
+
+        try:
+            command(*args, **kwargs)
+        except LedgerError as exc:
+            fail(str(exc))
+
+    return run
+
+
+def _pull_missing(store: str, experiment: str | None, mlflow_uri: str | None) -> None:
     checked_store(store, creating=bool(experiment and mlflow_uri))
     if not experiment:
         return
