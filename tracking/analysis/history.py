@@ -2,15 +2,12 @@
 executions of one experiment. Projections of the stored outcomes (read through tracking/store/ledger.py; the views
 open only the files of the experiments asked about); no model call.
 
-Each (experiment, cell, question) counts once in a leaderboard: its latest outcome (an experiment run again with
-another prompt holds the outcomes of both executions). A compacted experiment whose catalog says it holds one
-outcome per cell and question (tracking/store/catalog.py) is summed as it is; the others are reduced to their latest
-outcomes first, which is the costly part of a query over many uncompacted experiments.
+Each (experiment, cell, question) counts once in a leaderboard: its latest outcome (tracking/store/ledger.py
+`Ledger.cell_totals`).
 """
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +15,6 @@ import pandas as pd
 
 from tracking.analysis.inconsistency import AnalysisError
 from tracking.analysis.metrics import right_or_wrong_ci
-from tracking.store.catalog import reading
 from tracking.store.ledger import Ledger
 
 
@@ -33,19 +29,7 @@ def leaderboard(store_root: str | Path, experiments: list[str] | None = None, da
     names = experiments if experiments is not None else ledger.experiments()
     if not names:
         raise AnalysisError(f"no experiment with outcomes in {store_root}")
-    unique = ledger.one_outcome_per_cell_question(names)
-    with reading(store_root), contextlib.closing(ledger.connect(names, ("outcomes",))) as con:
-        con.execute("CREATE TEMP TABLE reduced (experiment VARCHAR)")
-        reduced = [(n,) for n in names if n not in unique]
-        if reduced:
-            con.executemany("INSERT INTO reduced VALUES (?)", reduced)
-        df = con.execute(
-            "WITH o AS (SELECT experiment, cell, em, f1 FROM outcomes WHERE experiment NOT IN (SELECT * FROM reduced) "
-            "UNION ALL SELECT experiment, cell, em, f1 FROM outcomes WHERE experiment IN (SELECT * FROM reduced) "
-            "QUALIFY row_number() OVER (PARTITION BY experiment, cell, qid ORDER BY created_at DESC, event_id) = 1), "
-            "SELECT o.experiment, o.cell, count(*) AS questions, "
-            "sum(CASE WHEN o.em >= 1 THEN 1 ELSE 0 END) AS right, avg(o.em) AS em, avg(o.f1) AS f1 "
-            "FROM o GROUP BY ALL").fetch_df()
+    df = ledger.cell_totals(names)
     df.insert(0, "dataset", df["experiment"].map(ledger.datasets()).fillna(""))
     if dataset is not None:
         df = df[df["dataset"] == dataset]

@@ -12,7 +12,6 @@ from typing import Any
 import pandas as pd
 
 from core.cell import is_ensemble_retriever
-from tracking.store.catalog import segment_exists
 from tracking.store.ledger import Ledger
 
 CHAIN_KINDS = ("retrievals", "generations", "votes")
@@ -20,14 +19,11 @@ CHAIN_KINDS = ("retrievals", "generations", "votes")
 
 def chain_records(store_root: str | Path, experiment: str, qids: list[str]) -> dict[str, pd.DataFrame]:
     """Retrievals, generations and votes of the given questions, from the latest execution's segments
-    (every segment of the experiment when there is no run manifest)."""
+    (every segment of the experiment when there is no run manifest naming some)."""
     ledger = Ledger(store_root)
-    segs = (ledger.latest_execution(experiment) or {}).get("segments", {})
-    out = {}
-    for kind in CHAIN_KINDS:
-        paths = sorted({p for cell in segs.values() for p in cell.get(kind, []) if segment_exists(p)}) if segs else None
-        out[kind] = ledger.records(kind, experiment, qids=qids, paths=paths)
-    return out
+    execution = ledger.latest_execution(experiment)
+    execution = execution if execution and execution.get("segments") else None
+    return {kind: ledger.records(kind, experiment, execution=execution, qids=qids) for kind in CHAIN_KINDS}
 
 
 def passage_has_gold(text: str, golds: list[str]) -> bool:

@@ -160,6 +160,25 @@ class Ledger:
                 out.add(name)
         return out
 
+    def cell_totals(self, experiments: Sequence[str]) -> pd.DataFrame:
+        """Per (experiment, cell): questions, right (EM), mean EM and F1, each question counted once: its latest
+        outcome (an experiment run again with another prompt holds the outcomes of both executions). An experiment
+        whose catalog says it holds one outcome per cell and question is summed as it is; the others are reduced to
+        their latest outcomes first, which is the costly part of a query over many uncompacted experiments."""
+        unique = self.one_outcome_per_cell_question(experiments)
+        with reading(self.root), contextlib.closing(self.connect(experiments, ("outcomes",))) as con:
+            con.execute("CREATE TEMP TABLE reduced (experiment VARCHAR)")
+            reduced = [(n,) for n in experiments if n not in unique]
+            if reduced:
+                con.executemany("INSERT INTO reduced VALUES (?)", reduced)
+            return con.execute(
+                "WITH o AS (SELECT experiment, cell, em, f1 FROM outcomes WHERE experiment NOT IN (SELECT * FROM reduced) "
+                "UNION ALL SELECT experiment, cell, em, f1 FROM outcomes WHERE experiment IN (SELECT * FROM reduced) "
+                "QUALIFY row_number() OVER (PARTITION BY experiment, cell, qid ORDER BY created_at DESC, event_id) = 1) "
+                "SELECT o.experiment, o.cell, count(*) AS questions, "
+                "sum(CASE WHEN o.em >= 1 THEN 1 ELSE 0 END) AS right, avg(o.em) AS em, avg(o.f1) AS f1 "
+                "FROM o GROUP BY ALL").fetch_df()
+
     def no_outcomes(self, experiment: str) -> LedgerError:
         """The error for an experiment this store holds no outcome of (a mistyped name, usually)."""
         return LedgerError(f"experiment {experiment!r}: no outcome records under {self.root / 'outcomes' / experiment}")
