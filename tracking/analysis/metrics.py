@@ -17,8 +17,6 @@ METRICS_VERSION = "3"
 
 BOOTSTRAP_CHUNK = 2_000_000  # multinomial counts held at once (16 MB)
 
-HEADLINE = ["em", "f1", "semantic_acc", "unk_pct", "nm_pct", "recall_at_k", "gold_paragraph_hit"]
-
 
 def _pct(x: float) -> float:
     return round(100.0 * x, 2)

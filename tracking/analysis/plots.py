@@ -30,11 +30,6 @@ def _png(fig) -> bytes:
     return buf.getvalue()
 
 
-def rwr_heatmap(matrix: pd.DataFrame, title: str, accuracy: pd.Series | None = None) -> bytes:
-    """Heatmap of an RWR matrix in percent; the caller passes it sorted by accuracy."""
-    return rwr_heatmaps([(title, matrix, accuracy)])
-
-
 def rwr_heatmaps(panels: list[tuple[str, pd.DataFrame, pd.Series | None]], title: str | None = None) -> bytes:
     """One RWR heatmap panel per (panel title, matrix, accuracy) in one figure: an experiment's
     (reader, model) groups side by side, each compared only within itself (tracking/analysis/inconsistency.py)."""
