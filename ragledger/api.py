@@ -343,7 +343,8 @@ class Store:
         """Seed 002's analysis of the latest execution, as `ragledger analyze` computes it (EoR aside) but writes and
         logs nothing: RWR / MRWR / MRLR per (reader, model) group, per-error RWR, error shares, the identity check,
         paired comparisons. `metric`: em, or semantic (the BEM stand-in)."""
-        from tracking.analysis.tables import compute, per_error_long, rwr_long
+        from tracking.analysis.inconsistency import per_error_long, rwr_long
+        from tracking.analysis.tables import compute
         from tracking.store.ledger import Ledger, ensemble_rows
 
         def analysed() -> Analysis:

@@ -253,80 +253,26 @@ def register(app: typer.Typer) -> None:
 
 
 def print_analysis(r: dict) -> None:
-    import pandas as pd
-
-    _print_mrlr_tables(r)
-    _print_error_shares(r)
-    _print_eor(r.get("eor") or {})
-    for table in (r.get("tables") or {}).values():  # the registered analyses (tracking/analysis/registry.py)
-        emit(pd.DataFrame(table["rows"]), "table", title=table["title"])
-    where = f"MLflow parent run {r['parent_run_id']} ({r['tracking_uri']})" if r.get("parent_run_id") else "no MLflow run"
-    under = Path(r["files"][0]).parent if r["files"] else "-"
-    console.print(f"{len(r['files'])} file(s) written under {under}; logged to {where}")
-
-
-def _print_mrlr_tables(r: dict) -> None:
-    by_cell = {row["cell"]: row for row in r["inconsistency"]}
+    """The analysis flow's result: every analysis of the registry's sections (tracking/analysis/registry.py), then
+    where its files went."""
     console.print(f"[bold]{escape(r['experiment'])}[/] — {r['questions']} questions; RWR / MRLR compare retrievers within "
                   "each (reader, model) group (seed 002 holds the reader and the LM fixed)", soft_wrap=True)
-    for g in r["groups"]:
-        label = escape(g["label"])
-        if not g["comparable"]:
-            row = by_cell[g["cells"][0]]
-            console.print(f"{label}: one retriever only ({escape(g['retrievers'][0])}: acc {100 * row['accuracy']:.1f} % "
-                          f"[{100 * row['acc_lo']:.1f}, {100 * row['acc_hi']:.1f}], F1 {100 * row['f1']:.1f} %) — no "
-                          "inconsistency table: RWR needs two retrievers under the same reader and model", soft_wrap=True)
-            continue
-        rows = [by_cell[c] for c in g["cells"]]
-        mean = sum(row["MRLR"] for row in rows) / len(rows)
-        # the heading is printed, not a table title: rich wraps titles to the table's width
-        console.print(f"\nMRLR table, {label}: {len(rows)} retrievers, mean MRLR {100 * mean:.1f} % "
-                      f"(sorted by accuracy; {r.get('metric', 'em')})", soft_wrap=True)
-        t = Table()
-        for c in ("retriever", "acc %", "95% CI", "F1 %", "MRLR %", "MRWR %", "MRLR_RE %", "MRLR_HE %"):
-            t.add_column(c, justify="left" if c == "retriever" else "right")
-        for retriever, row in zip(g["retrievers"], rows, strict=True):
-            t.add_row(escape(retriever), f"{100 * row['accuracy']:.1f}",
-                      f"[{100 * row['acc_lo']:.1f}, {100 * row['acc_hi']:.1f}]", f"{100 * row['f1']:.1f}",
-                      f"{100 * row['MRLR']:.1f}", f"{100 * row['MRWR']:.1f}", f"{100 * row['MRLR_RE']:.1f}",
-                      f"{100 * row['MRLR_HE']:.1f}")
-        console.print(t)
-    console.print()
-
-
-def _print_error_shares(r: dict) -> None:
-    import pandas as pd
-
-    shares = pd.DataFrame(r["shares"])
-    s = Table(title="error shares % [95% bootstrap CI] (abstentions as their own class)")
-    classes = list(dict.fromkeys(shares["error_type"]))
-    s.add_column("cell")
-    for c in classes:
-        s.add_column(c.replace("_", " "), justify="right")
-    for cell in [row["cell"] for row in r["inconsistency"]]:
-        g = shares[shares["cell"] == cell].set_index("error_type")
-        s.add_row(escape(cell), *[f"{100 * g.at[c, 'share']:.1f} [{100 * g.at[c, 'lo']:.0f}-{100 * g.at[c, 'hi']:.0f}]"
-                                  for c in classes])
-    console.print(s)
-    ident = pd.DataFrame(r["identity"])
-    worst = float(ident[["residual_literal", "residual_own_class"]].abs().to_numpy().max())
-    ok = bool(ident["holds"].all())
-    console.print(f"identity P(fail) = P(RE) − P(LG) + P(EE) + P(HE): {'[green]holds[/]' if ok else '[red]VIOLATED[/]'} "
-                  f"for every cell, both accountings (max |residual| {worst:.1e})")
     if r.get("dropped_questions"):
         console.print(f"{r['dropped_questions']} question(s) not answered by every cell were left out")
-
-
-def _print_eor(eor: dict) -> None:
-    for cell, sm in (eor.get("summaries") or {}).items():
-        fit = eor["fits"][cell]
-        searched = " (searched on training accuracy)" if fit.get("pooling_option") == "search" else ""
-        console.print(f"EoR {escape(cell)} on {sm['held_out_questions']} held-out questions: EM "
-                      f"{100 * sm['eor_em']:.1f}, F1 {100 * sm['eor_f1']:.1f}, MRLR {100 * sm['eor_mrlr']:.1f} vs best single "
-                      f"{escape(sm['best_single'])}: EM {100 * sm['best_single_em']:.1f}, "
-                      f"F1 {100 * sm['best_single_f1']:.1f}, "
-                      f"MRLR {100 * sm['best_single_mrlr']:.1f}; pooling {fit['pooling']}{searched}, "
-                      f"w {json.dumps({k: round(v, 3) for k, v in fit['w'].items()})}, "
-                      f"β {json.dumps({k: round(v, 3) for k, v in fit['beta'].items()})}, dropped {fit['dropped']}")
-    for sk in eor.get("skipped", []):
-        console.print(f"EoR not fitted for {escape(sk)}")
+    for section in r["sections"]:
+        if section["report_only"]:
+            continue
+        # the heading is printed, not a table title: rich wraps titles to the table's width
+        console.print(f"\n[bold]{escape(section['title'])}[/]", soft_wrap=True)
+        for line in section["lines"]:
+            console.print(escape(line), soft_wrap=True, highlight=False)
+        if section["rows"]:
+            t = Table()
+            for k, c in enumerate(section["columns"]):
+                t.add_column(escape(c), justify="left" if k == 0 else "right")
+            for row in section["rows"]:
+                t.add_row(*map(escape, row))
+            console.print(t)
+    where = f"MLflow parent run {r['parent_run_id']} ({r['tracking_uri']})" if r.get("parent_run_id") else "no MLflow run"
+    under = Path(r["files"][0]).parent if r["files"] else "-"
+    console.print(f"\n{len(r['files'])} file(s) written under {under}; logged to {where}")

@@ -180,7 +180,8 @@ def test_inconsistency_is_computed_per_reader_and_model_group():
     Pooled over all six cells (the old computation), a·r1 would get MRLR (0 + 0 + RWR to a·r2 {q4,q5}: 1
       + b·r2 {q4}: 1/2 + c·r2 {q5}: 1/2) / 5 = 2/5, although no retriever of its own reader ever beats it.
     """
-    from tracking.analysis.tables import compute, per_error_long, rwr_long
+    from tracking.analysis.inconsistency import per_error_long, rwr_long
+    from tracking.analysis.tables import compute
 
     df = two_reader_outcomes()
     res = compute(df, "two-readers", n_resamples=50)
@@ -215,7 +216,8 @@ def test_inconsistency_is_computed_per_reader_and_model_group():
 
 
 def test_a_retriever_alone_in_its_group_gets_no_inconsistency_table():
-    from tracking.analysis.tables import compute, rwr_long
+    from tracking.analysis.inconsistency import rwr_long
+    from tracking.analysis.tables import compute
 
     df = two_reader_outcomes()
     df = df[(df["reader"] == "r1") | (df["retriever"] == "a")]  # r2 keeps only retriever a

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from tracking.analysis.inconsistency import CORRECTNESS, AnalysisError, correct_answers
+from tracking.analysis.inconsistency import AnalysisError, correct_answers
 from tracking.store.ledger import Ledger, ensemble_rows
 
 
@@ -18,8 +18,6 @@ def accuracy_across(store_root: str | Path, experiments: list[str], metric: str 
     """One row per cell, one column per experiment: accuracy in percent over that experiment's questions (empty
     where the experiment has no such cell), plus `questions` per experiment in `questions:<experiment>`. Rows are
     sorted by the first experiment's accuracy, best first, ties by name. EoR cells are not rows."""
-    if metric not in CORRECTNESS:
-        raise AnalysisError(f"correctness metric must be one of {CORRECTNESS}, got {metric!r}")
     if len(set(experiments)) != len(experiments):
         raise AnalysisError(f"an experiment is named twice: {', '.join(experiments)}")
     accuracy, questions = {}, {}

@@ -43,19 +43,21 @@ def rwr(correct: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     RWR[i, j] = |{n: c[i,n]=0, c[j,n]=1}| / |{n: c[i,n]=0}| (0 when i never fails; diagonal 0).
     MRWR[j] = mean over i≠j of RWR[i, j] (column mean); MRLR[i] = mean over j≠i of RWR[i, j] (row mean).
     """
-    c = np.asarray(correct)
-    if c.ndim != 2:
-        raise AnalysisError(f"rwr: expected a 2-D cells × questions array, got shape {c.shape}")
-    c = c.astype(bool)
+    c = _cells_by_questions(correct, "rwr")
     return _win_matrix(~c, c)
 
 
 def rwr_error(indicator: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per-error RWR: RWR_e[i, j] = |{n: e[i,n]=1, e[j,n]=0}| / |{n: e[i,n]=1}| (0 when i never makes e)."""
-    e = np.asarray(indicator).astype(bool)
-    if e.ndim != 2:
-        raise AnalysisError(f"rwr_error: expected a 2-D cells × questions array, got shape {e.shape}")
+    e = _cells_by_questions(indicator, "rwr_error")
     return _win_matrix(e, ~e)
+
+
+def _cells_by_questions(values: np.ndarray, name: str) -> np.ndarray:
+    a = np.asarray(values)
+    if a.ndim != 2:
+        raise AnalysisError(f"{name}: expected a 2-D cells × questions array, got shape {a.shape}")
+    return a.astype(bool)
 
 
 def _win_matrix(lose: np.ndarray, win: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -82,18 +84,16 @@ def correctness_matrix(outcomes: pd.DataFrame, metric: str = "em") -> tuple[np.n
     metric "em": EM = 1; "semantic": the stored semantic match (EM when it was not computed).
     Cells and questions are sorted by name.
     """
-    if metric not in CORRECTNESS:
-        raise AnalysisError(f"correctness metric must be one of {CORRECTNESS}, got {metric!r}")
+    right = correct_answers(outcomes, metric)
     if outcomes.empty:
         raise AnalysisError("no outcome records to analyse")
-    return cell_question_matrix(outcomes, correct_answers(outcomes, metric))
+    return cell_question_matrix(outcomes, right)
 
 
-def cell_question_matrix(outcomes: pd.DataFrame, values: np.ndarray, cells: list[str] | None = None,
-          qids: list[str] | None = None) -> tuple[np.ndarray, list[str], list[str]]:
+def cell_question_matrix(outcomes: pd.DataFrame, values: np.ndarray) -> tuple[np.ndarray, list[str], list[str]]:
     """Scatter per-row booleans into a cells × questions array (numpy, not pivot_table: this runs on
-    millions of rows). Without `qids`, keeps the questions every cell answered; a question answered
-    twice by a cell counts as right if either record is."""
+    millions of rows), on the questions every cell answered; a question answered twice by a cell counts as right if
+    either record is."""
     ccode, cuniq = pd.factorize(outcomes["cell"].astype(str), sort=True)
     qcode, quniq = pd.factorize(outcomes["qid"].astype(str), sort=True)
     present = np.zeros((len(cuniq), len(quniq)), dtype=bool)
@@ -104,17 +104,14 @@ def cell_question_matrix(outcomes: pd.DataFrame, values: np.ndarray, cells: list
     else:
         np.logical_or.at(arr, (ccode, qcode), values)
     cell_names, q_names = [str(c) for c in cuniq], [str(q) for q in quniq]
-    if cells is not None or qids is not None:
-        ci = [cell_names.index(c) for c in cells] if cells is not None else list(range(len(cell_names)))
-        qpos = {q: i for i, q in enumerate(q_names)}
-        qi = [qpos[q] for q in qids] if qids is not None else list(range(len(q_names)))
-        return arr[np.ix_(ci, qi)], cells or cell_names, qids or q_names
     keep = present.all(axis=0)
     return arr[:, keep], cell_names, [q for q, k in zip(q_names, keep, strict=True) if k]
 
 
 def correct_answers(outcomes: pd.DataFrame, metric: str) -> np.ndarray:
     """Per outcome row: right under `metric` (em; semantic: the stored semantic match, EM where it was not computed)."""
+    if metric not in CORRECTNESS:
+        raise AnalysisError(f"correctness metric must be one of {CORRECTNESS}, got {metric!r}")
     em = outcomes["em"].to_numpy(dtype=float) >= 1.0
     if metric == "em":
         return em
@@ -235,15 +232,6 @@ def accuracy_ci(values: np.ndarray, n_resamples: int = 1000, seed: int = 0, alph
     return float(v.mean()), lo, hi
 
 
-def per_error_indicators(decomposed: pd.DataFrame, cells: list[str], qids: list[str], error: str) -> np.ndarray:
-    """cells × questions boolean array of one indicator column, in the given cell and question order."""
-    if error not in ERROR_INDICATORS:
-        raise AnalysisError(f"error indicator must be one of {ERROR_INDICATORS}, got {error!r}")
-    sub = decomposed[decomposed["qid"].isin(set(qids)) & decomposed["cell"].isin(set(cells))]
-    arr, _, _ = cell_question_matrix(sub, sub[error].to_numpy(dtype=bool), cells, qids)
-    return arr
-
-
 def indicator_matrices(decomposed: pd.DataFrame, cells: list[str], columns: list[str]) -> dict[str, np.ndarray]:
     """cells × questions boolean arrays of several indicator columns at once (one factorization;
     questions sorted by id). Assumes every cell answered every question in `decomposed`."""
@@ -343,6 +331,60 @@ def inconsistency_by_group(correct: np.ndarray, cells: list[str], keys: pd.DataF
     return out
 
 
+PER_ERRORS = ("RE", "LG", "EE", "HE", "abstain")
+RWR_COLUMNS = ["reader", "model", "i", "j", "rwr"]
+PER_ERROR_COLUMNS = ["reader", "model", "error", "i", "j", "rwr"]
+
+
+def _long(matrix: pd.DataFrame, **extra: str) -> pd.DataFrame:
+    out = matrix.stack().rename("rwr").rename_axis(["i", "j"]).reset_index()
+    for k, v in reversed(extra.items()):
+        out.insert(0, k, v)
+    return out
+
+
+def rwr_long(groups: list[RetrieverGroup]) -> pd.DataFrame:
+    """Every group's RWR matrix in long format (reader, model, i, j, rwr); only pairs within a group."""
+    parts = [_long(g.rwr, reader=g.reader, model=g.model) for g in groups if g.rwr is not None]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=RWR_COLUMNS)
+
+
+def per_error_long(groups: list[RetrieverGroup]) -> pd.DataFrame:
+    """Every group's per-error RWR matrices in long format (reader, model, error, i, j, rwr)."""
+    parts = [_long(m, reader=g.reader, model=g.model, error=e) for g in groups for e, m in g.per_error_rwr.items()]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=PER_ERROR_COLUMNS)
+
+
+@dataclass(frozen=True)
+class Section:
+    """What an analysis shows, alike in the report and on the terminal: a heading, sentences, a table of display
+    strings."""
+
+    title: str
+    lines: tuple[str, ...] = ()
+    table: pd.DataFrame | None = None
+    kind: str = "analysis"  # the report's class for the table
+    row_titles: tuple[str, ...] = ()  # the report's tooltip per row (a cell's whole name)
+    images: dict[str, bytes] = field(default_factory=dict)  # figures shown under it in the report
+    report_only: bool = False  # too long for the terminal
+
+    def as_dict(self) -> dict[str, Any]:
+        """For the command line, through the analysis flow's result."""
+        t = self.table if self.table is not None else pd.DataFrame()
+        return {"title": self.title, "lines": list(self.lines), "columns": [str(c) for c in t.columns],
+                "rows": t.astype(str).values.tolist(), "report_only": self.report_only}
+
+
+@dataclass
+class Outputs:
+    """What one analysis of the registry (tracking/analysis/registry.py) adds: files (`name.parquet` tables, PNG
+    figures, JSON), sections and MLflow metrics."""
+
+    files: dict[str, pd.DataFrame | bytes | str] = field(default_factory=dict)
+    sections: list[Section] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
 @dataclass
 class AnalysisResult:
     """Every table of an experiment's analysis (tracking/analysis/tables.py `compute`), as the report and the CLI show it."""
@@ -365,3 +407,4 @@ class AnalysisResult:
     dropped_questions: int = 0
     metric: str = "em"
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # the registered analyses' (tracking/analysis/registry.py)
+    outputs: dict[str, Outputs] = field(default_factory=dict)  # every analysis of the registry's, by name

@@ -1,7 +1,9 @@
-"""The analyses `ragledger analyze` runs beside its seed 002 tables, each registered once with `@analysis`: from the
-registration on, the analysis flow (flows/analyze.py) computes its table, writes it as `<name>.parquet` (logged under
-`analysis/` on the experiment's MLflow parent run with the other files), the report gives it a section, the command
-prints it, and its `metrics`, when given, are logged as `analysis.<name>.<key>`."""
+"""The analyses `ragledger analyze` runs, each an entry of one registry: seed 002's (tracking/analysis/seed002.py) and
+every one registered with `@analysis`. The analysis flow (flows/analyze.py) is a loop over it: each entry's files
+are written (and logged under `analysis/` on the experiment's MLflow parent run), its sections are the report's and
+the command's output, its metrics are logged on that run. An `@analysis` computes a table from the records: it is
+written as `<name>.parquet`, shown under its title, and its `metrics`, when given, logged as
+`analysis.<name>.<key>`."""
 
 from __future__ import annotations
 
@@ -9,6 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import pandas as pd
+
+from tracking.analysis import seed002
+from tracking.analysis.inconsistency import AnalysisResult, Outputs, Section
 
 
 @dataclass(frozen=True)
@@ -23,13 +28,28 @@ class AnalysisInput:
 
 @dataclass(frozen=True)
 class Analysis:
-    name: str  # its file stem (`<name>.parquet`) and its key in the flow's result
-    title: str  # its heading in the report and the command's output
-    table: Callable[[AnalysisInput], pd.DataFrame]
+    name: str  # an `@analysis`'s file stem (`<name>.parquet`) and its key in the flow's result
+    title: str  # an `@analysis`'s heading in the report and the command's output
+    table: Callable[[AnalysisInput], pd.DataFrame] | None = None  # an `@analysis`'s table, from the records
     metrics: Callable[[pd.DataFrame], dict[str, float]] | None = None  # from its table, for the MLflow parent run
+    # seed 002's: what it writes, shows and logs from the tables every analysis shares (tables.py `compute`)
+    shared: Callable[[AnalysisResult], Outputs] | None = None
+
+    def outputs(self, res: AnalysisResult) -> Outputs:
+        if self.shared is not None:
+            return self.shared(res)
+        t = res.tables[self.name]
+        shown = t.map(lambda v: f"{v:.4g}" if isinstance(v, float) else str(v))
+        metrics = {f"analysis.{self.name}.{k}": float(v) for k, v in (self.metrics(t) if self.metrics else {}).items()}
+        return Outputs({f"{self.name}.parquet": t}, [Section(self.title, table=shown)], metrics)
 
 
-ANALYSES: dict[str, Analysis] = {}
+ANALYSES: dict[str, Analysis] = {
+    "mrlr": Analysis("mrlr", "RWR / MRWR / MRLR per (reader, model) group", shared=seed002.mrlr),
+    "decomposition": Analysis("decomposition", "error decomposition", shared=seed002.decomposition),
+    "paired": Analysis("paired", "paired comparisons", shared=seed002.paired),
+    "eor": Analysis("eor", "Ensemble of Retrievers", shared=seed002.eor),
+}
 
 
 def analysis(name: str, title: str, metrics: Callable[[pd.DataFrame], dict[str, float]] | None = None):
@@ -38,6 +58,8 @@ def analysis(name: str, title: str, metrics: Callable[[pd.DataFrame], dict[str, 
     def register(fn: Callable[[AnalysisInput], pd.DataFrame]) -> Callable[[AnalysisInput], pd.DataFrame]:
         if not name.replace("_", "").isalnum():
             raise ValueError(f"analysis name {name!r}: letters, digits and _ only (it names a file and MLflow metrics)")
+        if name in ANALYSES and ANALYSES[name].shared is not None:
+            raise ValueError(f"analysis name {name!r} is seed 002's; pick another")
         ANALYSES[name] = Analysis(name, title, fn, metrics)
         return fn
 
@@ -45,15 +67,11 @@ def analysis(name: str, title: str, metrics: Callable[[pd.DataFrame], dict[str, 
 
 
 def run_analyses(given: AnalysisInput) -> dict[str, pd.DataFrame]:
-    """Every registered analysis's table, by name, in registration order."""
-    return {a.name: a.table(given).reset_index(drop=True) for a in ANALYSES.values()}
+    """Every `@analysis`'s table, by name, in registration order."""
+    return {a.name: a.table(given).reset_index(drop=True) for a in ANALYSES.values() if a.table is not None}
 
 
-def analysis_metrics(tables: dict[str, pd.DataFrame]) -> dict[str, float]:
-    """The registered analyses' metrics, as `analysis.<name>.<key>`."""
-    out = {}
-    for name, table in tables.items():
-        a = ANALYSES.get(name)
-        if a is not None and a.metrics is not None:
-            out.update({f"analysis.{name}.{k}": float(v) for k, v in a.metrics(table).items()})
-    return out
+def outputs(res: AnalysisResult) -> dict[str, Outputs]:
+    """What every analysis of the registry adds to `res`, by name, in registration order (an `@analysis` whose table
+    `res` lacks, registered after it was computed, is passed over)."""
+    return {a.name: a.outputs(res) for a in ANALYSES.values() if a.shared is not None or a.name in res.tables}

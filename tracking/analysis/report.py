@@ -21,7 +21,7 @@ from core.answers import gold_spans
 from tracking.analysis.lineage import cell_chain, chain_records, passage_has_gold
 
 if TYPE_CHECKING:
-    from tracking.analysis.inconsistency import AnalysisResult
+    from tracking.analysis.inconsistency import AnalysisResult, Section
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1400px}
@@ -63,80 +63,22 @@ def _img(png: bytes, alt: str) -> str:
     return f'<img alt="{_e(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
 
 
-def _headline(res: AnalysisResult) -> str:
-    """One table per (reader, model) group: MRLR / MRWR compare retrievers only within a group (seed 002
-    fixes the reader and the LM; tracking/analysis/inconsistency.py). A retriever alone in its group gets a sentence."""
-    t = res.inconsistency.set_index("cell")
-    out = []
-    for g in res.groups:
-        if not g.comparable:
-            (c,) = g.cells
-            out.append(f'<p class="group lone" data-reader="{_e(g.reader)}" data-model="{_e(g.model)}">'
-                       f"<b>{_e(g.label)}</b>: one retriever only ({_e(g.retrievers[0])}: accuracy "
-                       f"{_pct(t.at[c, 'accuracy'])} % [{_pct(t.at[c, 'acc_lo'])}, {_pct(t.at[c, 'acc_hi'])}], F1 "
-                       f"{_pct(t.at[c, 'f1'])} %), so no inconsistency table: RWR compares retrievers under the same "
-                       "reader and model.</p>")
-            continue
-        rows = [f'<h3 class="group">{_e(g.label)}: {len(g.cells)} retrievers, mean MRLR {_pct(g.table["MRLR"].mean())} %</h3>'
-                f'<table class="inconsistency" data-reader="{_e(g.reader)}" data-model="{_e(g.model)}"><tr>'
-                "<th class=l>retriever</th><th>accuracy %</th><th>95% CI</th><th>F1 %</th><th>MRLR %</th><th>MRWR %</th>"
-                "<th>failures</th></tr>"]
-        for c, retriever in zip(g.cells, g.retrievers, strict=True):
-            r = t.loc[c]
-            rows.append(f'<tr title="{_e(c)}"><td class=l>{_e(retriever)}</td><td>{_pct(r.accuracy)}</td>'
-                        f"<td>[{_pct(r.acc_lo)}, {_pct(r.acc_hi)}]</td><td>{_pct(r.f1)}</td><td>{_pct(r.MRLR)}</td>"
-                        f"<td>{_pct(r.MRWR)}</td><td>{r.failures}</td></tr>")
-        out.append("".join(rows) + "</table>")
-    return "".join(out)
+def _analysis(name: str, title: str, sections: list[Section]) -> str:
+    """An analysis of the registry (tracking/analysis/registry.py) under its title: each section's heading (unless it
+    is the title), sentences and table."""
+    return f'<h2 id="analysis-{_e(name)}">{_e(title)}</h2>' + "".join(_section(name, s, s.title != title) for s in sections)
 
 
-def _shares(res: AnalysisResult) -> str:
-    classes = list(dict.fromkeys(res.shares["error_type"]))
-    out = ["<table><tr><th class=l>cell</th>" + "".join(f"<th>{_e(c)} % [95% CI]</th>" for c in classes) + "</tr>"]
-    for cell in res.cells:
-        s = res.shares[res.shares["cell"] == cell].set_index("error_type")
-        out.append(f"<tr><td class=l>{_e(cell)}</td>" + "".join(
-            f"<td>{_pct(s.at[c, 'share'])} [{_pct(s.at[c, 'lo'])}, {_pct(s.at[c, 'hi'])}]</td>" for c in classes) + "</tr>")
-    return "".join(out) + "</table>"
-
-
-def _identity(res: AnalysisResult) -> str:
-    ok = bool(res.identity["holds"].all())
-    worst = float(res.identity[["residual_literal", "residual_own_class"]].abs().to_numpy().max())
-    return (f"<p class={'ok' if ok else 'bad'}>P(fail) = P(RE) − P(LG) + P(EE) + P(HE): "
-            f"{'holds' if ok else 'VIOLATED'} for every cell under both accountings of abstentions "
-            f"(largest |residual| {worst:.2e}).</p>")
-
-
-def _paired(res: AnalysisResult) -> str:
-    if res.paired.empty:
-        return ""
-    out = ["<table><tr><th class=l>A</th><th class=l>B</th><th>A won</th><th>A lost</th><th>both right</th>"
-           "<th>both wrong</th><th>ΔEM %</th><th>95% CI</th><th>McNemar p</th></tr>"]
-    for r in res.paired.itertuples():
-        out.append(f"<tr><td class=l>{_e(r.cell_a)}</td><td class=l>{_e(r.cell_b)}</td><td>{r.won}</td><td>{r.lost}</td>"
-                   f"<td>{r.both_right}</td><td>{r.both_wrong}</td><td>{_pct(r.diff)}</td>"
-                   f"<td>[{_pct(r.diff_lo)}, {_pct(r.diff_hi)}]</td><td>{r.mcnemar_p:.3g}</td></tr>")
-    return "".join(out) + "</table>"
-
-
-def _registered(res: AnalysisResult) -> str:
-    """A section per registered analysis (tracking/analysis/registry.py): its title and its table."""
-    from tracking.analysis.registry import ANALYSES
-
-    out = []
-    for name, t in res.tables.items():
-        head = "".join(f"<th class=l>{_e(c)}</th>" for c in t.columns)
-        rows = "".join("<tr>" + "".join(f"<td class=l>{_e(_cell(v))}</td>" for v in r) + "</tr>"
-                       for r in t.itertuples(index=False))
-        title = ANALYSES[name].title if name in ANALYSES else name
-        out.append(f'<h2 id="analysis-{_e(name)}">{_e(title)}</h2><table class="analysis" data-analysis="{_e(name)}">'
-                   f"<tr>{head}</tr>{rows}</table>")
-    return "".join(out)
-
-
-def _cell(v: Any) -> str:
-    return f"{v:.4g}" if isinstance(v, float) else str(v)
+def _section(name: str, s: Section, headed: bool) -> str:
+    out = [f"<h3>{_e(s.title)}</h3>" if headed else "", *(f"<p>{_e(line)}</p>" for line in s.lines)]
+    if s.table is not None:
+        titles = s.row_titles or ("",) * len(s.table)
+        head = "".join(f"<th{' class=l' if k == 0 else ''}>{_e(c)}</th>" for k, c in enumerate(s.table.columns))
+        rows = "".join((f'<tr title="{_e(title)}">' if title else "<tr>") + "".join(
+            f"<td{' class=l' if k == 0 else ''}>{_e(v)}</td>" for k, v in enumerate(row)) + "</tr>"
+            for title, row in zip(titles, s.table.itertuples(index=False), strict=True))
+        out.append(f'<table class="{_e(s.kind)}" data-analysis="{_e(name)}"><tr>{head}</tr>{rows}</table>')
+    return "".join(out) + (_plots(s.images) if s.images else "")
 
 
 def _plots(pngs: dict[str, bytes]) -> str:
@@ -236,34 +178,17 @@ def _drilldown(res: AnalysisResult, questions: pd.DataFrame | None, store_root: 
     return "".join(out)
 
 
-def _eor(res: AnalysisResult) -> str:
-    if not res.eor:
-        return ""
-    info = res.eor
-    out = ["<h2>Ensemble of Retrievers (held-out questions)</h2>"]
-    for cell, sm in (info.get("summaries") or {}).items():
-        out.append(f"<p>{_e(cell)}: EM {_pct(sm['eor_em'])} %, F1 {_pct(sm['eor_f1'])} %, MRLR "
-                   f"{_pct(sm['eor_mrlr'])} % — best single retriever {_e(sm['best_single'])}: EM "
-                   f"{_pct(sm['best_single_em'])} %, F1 {_pct(sm['best_single_f1'])} %, "
-                   f"MRLR {_pct(sm['best_single_mrlr'])} % "
-                   f"on {sm['held_out_questions']} held-out questions (split: {_e(info.get('split'))}).</p>")
-    for cell, fit in info.get("fits", {}).items():
-        out.append(f"<p><b>{_e(cell)}</b>: pooling {_e(fit['pooling'])}, training accuracy {_pct(fit['train_accuracy'])} % "
-                   f"on {fit['train']} questions; w = {_e({k: round(v, 3) for k, v in fit['w'].items()})}; "
-                   f"β = {_e({k: round(v, 3) for k, v in fit['beta'].items()})}; dropped (β < 0.1): {_e(fit['dropped'])}</p>")
-    for skipped in info.get("skipped", []):
-        out.append(f"<p>not fitted: {_e(skipped)}</p>")
-    for cell, eres in res.eor_results.items():
-        out.append(f"<h3>{_e(cell)} beside its members</h3>{_headline(eres)}{_plots(eres.pngs)}")
-    return "".join(out)
-
-
 def html_report(res: AnalysisResult, store_root: str | Path | None = None) -> str:
+    """The report of `res`, whose analyses' outputs are computed (flows/analyze.py write_outputs)."""
+    from tracking.analysis.registry import ANALYSES
+
     questions = None
     if store_root is not None:
         from tracking.store.ledger import Ledger
 
         questions = Ledger(store_root).records("questions", res.experiment)
+    analyses = "".join(_analysis(name, ANALYSES[name].title if name in ANALYSES else name, out.sections)
+                       for name, out in res.outputs.items() if out.sections)
     dropped = f" ({res.dropped_questions} question(s) not answered by every cell left out)" if res.dropped_questions else ""
     return (
         f"<!doctype html><html><head><meta charset=utf-8><title>ragledger — {_e(res.experiment)}</title>"
@@ -273,7 +198,7 @@ def html_report(res: AnalysisResult, store_root: str | Path | None = None) -> st
         "1,000 resamples over questions, seeded. Definitions: seed 002. RWR, MRWR, MRLR and "
         "per-error RWR compare retrievers within one (reader, model) group, as seed 002 holds the reader and "
         "the LM fixed: one table per group.</p>"
-        f"<h2>Headline</h2>{_headline(res)}<h2>Error decomposition</h2>{_identity(res)}{_shares(res)}"
-        f"<h2>Plots</h2>{_plots(res.pngs)}<h2>Paired comparisons</h2>{_paired(res)}{_registered(res)}{_eor(res)}"
+        f"{analyses}"
+        f"<h2>Plots</h2>{_plots(res.pngs)}"
         f"<h2>Per question</h2>{_drilldown(res, questions, store_root)}</body></html>"
     )

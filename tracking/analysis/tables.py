@@ -14,29 +14,6 @@ from tracking.analysis.inconsistency import AnalysisResult
 from tracking.analysis.registry import AnalysisInput, run_analyses
 from tracking.analysis.stats import compare_arrays
 
-PER_ERRORS = ("RE", "LG", "EE", "HE", "abstain")
-RWR_COLUMNS = ["reader", "model", "i", "j", "rwr"]
-PER_ERROR_COLUMNS = ["reader", "model", "error", "i", "j", "rwr"]
-
-
-def _long(matrix: pd.DataFrame, **extra: str) -> pd.DataFrame:
-    out = matrix.stack().rename("rwr").rename_axis(["i", "j"]).reset_index()
-    for k, v in reversed(extra.items()):
-        out.insert(0, k, v)
-    return out
-
-
-def rwr_long(groups: list[an.RetrieverGroup]) -> pd.DataFrame:
-    """Every group's RWR matrix in long format (reader, model, i, j, rwr); only pairs within a group."""
-    parts = [_long(g.rwr, reader=g.reader, model=g.model) for g in groups if g.rwr is not None]
-    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=RWR_COLUMNS)
-
-
-def per_error_long(groups: list[an.RetrieverGroup]) -> pd.DataFrame:
-    """Every group's per-error RWR matrices in long format (reader, model, error, i, j, rwr)."""
-    parts = [_long(m, reader=g.reader, model=g.model, error=e) for g in groups for e, m in g.per_error_rwr.items()]
-    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=PER_ERROR_COLUMNS)
-
 
 def compute(outcomes: pd.DataFrame, experiment: str, metric: str = "em", n_resamples: int = 1000, seed: int = 0,
             pairs: bool = True) -> AnalysisResult:
@@ -63,19 +40,19 @@ def compute(outcomes: pd.DataFrame, experiment: str, metric: str = "em", n_resam
     table.insert(7, "f1", [float(f1.get(c, 0.0)) for c in order])
 
     dec = an.decompose(used)
-    indicators = an.indicator_matrices(dec, order, [*PER_ERRORS, "correct"])
+    indicators = an.indicator_matrices(dec, order, [*an.PER_ERRORS, "correct"])
     start = 0
-    mrlr_e = {e: np.full(len(order), np.nan) for e in PER_ERRORS}
+    mrlr_e = {e: np.full(len(order), np.nan) for e in an.PER_ERRORS}
     for g in groups:
         rows = slice(start, start + len(g.cells))
         start += len(g.cells)
         if not g.comparable:
             continue
-        for e in PER_ERRORS:
+        for e in an.PER_ERRORS:
             m, _, mrlr = an.rwr_error(indicators[e][rows])
             g.per_error_rwr[e] = pd.DataFrame(m, index=g.cells, columns=g.cells)
             mrlr_e[e][rows] = mrlr
-    for e in PER_ERRORS:
+    for e in an.PER_ERRORS:
         table[f"MRLR_{e}"] = mrlr_e[e]
     shares = an.error_shares(dec, n_resamples, seed)
     identity = an.identity_table(dec)

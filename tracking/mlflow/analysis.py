@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 
 from tracking.analysis.inconsistency import AnalysisError, AnalysisResult
-from tracking.analysis.registry import analysis_metrics
 from tracking.mlflow.log import MlflowLogger
 
 
@@ -17,8 +16,8 @@ def _mlflow_key(s: str) -> str:
 
 
 def log_analysis(res: AnalysisResult, files: list[Path], execution: dict, base: Path, version: str) -> None:
-    """An analysis on its execution's MLflow parent run: its files under analysis/, MRLR, mean MRLR and EoR metrics,
-    and the analysis version (`version`) and EoR pooling as tags."""
+    """An analysis on its execution's MLflow parent run: its files under analysis/, the metrics of every analysis of
+    the registry (NaN, a retriever alone in its group, dropped), and the analysis version (`version`) and EoR pooling as tags."""
     summary = execution.get("summary", {})
     run_id, uri = summary.get("mlflow_parent_run_id"), summary.get("tracking_uri")
     if not run_id or not uri:
@@ -31,18 +30,9 @@ def log_analysis(res: AnalysisResult, files: list[Path], execution: dict, base: 
         by_dir.setdefault("analysis" if rel == "." else f"analysis/{rel}", []).append(f)
     for path, fs in by_dir.items():
         logger.log_artifacts(run_id, fs, path)
-    metrics = {"analysis.questions": res.questions, "analysis.identity_max_abs_residual":
-               float(res.identity[["residual_literal", "residual_own_class"]].abs().to_numpy().max())}
-    for r in res.inconsistency.itertuples():  # NaN (a retriever alone in its group) is dropped below
-        metrics[_mlflow_key(f"analysis.mrlr.{r.cell}")] = float(r.MRLR)
-    for g in res.groups:
-        if g.comparable:  # seed 002 Figure: MRLR averaged over a group's retrievers
-            metrics[_mlflow_key(f"analysis.mean_mrlr.{g.reader} · {g.model}")] = float(g.table["MRLR"].mean())
-    metrics.update(analysis_metrics(res.tables))
-    if res.eor:
-        for k in ("eor_em", "eor_f1", "eor_mrlr", "best_single_em", "best_single_mrlr"):
-            if k in res.eor:
-                metrics[f"analysis.{k}"] = float(res.eor[k])
+    metrics = {"analysis.questions": float(res.questions)}
+    for out in res.outputs.values():  # every analysis of the registry's (tracking/analysis/registry.py)
+        metrics.update({_mlflow_key(k): v for k, v in out.metrics.items()})
     tags = {"ragledger.analysis_version": version}
     if res.eor.get("pooling"):  # the analysis.eor_* metrics are under this pooling (tracking/analysis/eor.py)
         tags["ragledger.eor_pooling"] = str(res.eor["pooling"])
