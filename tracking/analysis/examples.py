@@ -56,10 +56,7 @@ def hardest_questions(store_root: str | Path, experiment: str) -> tuple[pd.DataF
     gold, error_types); and how many questions and cells there were. EoR cells answer held-out questions only and
     choose among their members' answers: they are left out."""
     ledger = Ledger(store_root)
-    try:
-        df = ledger.experiment_outcomes(experiment)
-    except ValueError as exc:  # LedgerError
-        raise AnalysisError(str(exc)) from None
+    df = ledger.experiment_outcomes(experiment)  # a LedgerError names what is missing
     df = df[~ensemble_rows(df)]
     n_cells = df["cell"].nunique()
     per_q = df.groupby("qid").agg(cells=("cell", "nunique"), right=("em", lambda s: int((s >= 1).sum())))
