@@ -62,3 +62,80 @@ class MlflowServer:
 
         self._script("stop", timeout=60)
         drop_database(PgSettings(database=self.db))
+
+
+class S3Server:
+    """An S3-compatible service for the object-store tests: moto's server mode started as its own process on a free
+    port and talked to over HTTP by boto3, or, when RAGLEDGER_TEST_S3_URL names a bucket (s3://BUCKET[/PREFIX]) and
+    the AWS_* variables its endpoint and credentials, a lab's own service (MinIO, Ceph, AWS). `env` is what a
+    ragledger process needs to reach it; `url(name)` a fresh store URL in the bucket. `no_auth_actions` starts moto
+    enforcing credentials after that many requests (moto's INITIAL_NO_AUTH_ACTION_COUNT): a wrong key is refused."""
+
+    BUCKET = "ragledger-test"
+
+    def __init__(self, no_auth_actions: int | None = None):
+        self.proc: subprocess.Popen | None = None
+        self.lab = os.environ.get("RAGLEDGER_TEST_S3_URL")
+        self.no_auth_actions = no_auth_actions
+        self.env: dict[str, str] = {}
+
+    def __enter__(self) -> S3Server:
+        import sys
+        import time
+        import urllib.request
+
+        if self.lab:
+            bucket, _, prefix = self.lab.removeprefix("s3://").partition("/")
+            self.bucket, self.prefix = bucket, prefix.strip("/")
+            self.env = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
+            return self
+        self.bucket, self.prefix = self.BUCKET, ""
+        port = free_port()
+        self.endpoint = f"http://127.0.0.1:{port}"
+        server_env = {**os.environ}
+        if self.no_auth_actions is not None:
+            server_env["INITIAL_NO_AUTH_ACTION_COUNT"] = str(self.no_auth_actions)
+        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                     env=server_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     start_new_session=True)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{self.endpoint}/moto-api/", timeout=2).close()
+                break
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"moto's S3 server did not start on port {port}") from None
+                time.sleep(0.2)
+        self.env = {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": "ragledger-test-key",
+                    "AWS_SECRET_ACCESS_KEY": "ragledger-test-secret", "AWS_REGION": "us-east-1"}
+        if self.no_auth_actions is None:
+            self.client().create_bucket(Bucket=self.bucket)
+        return self
+
+    def client(self, **overrides: str):
+        import boto3
+
+        env = {**self.env, **overrides}
+        return boto3.session.Session(aws_access_key_id=env.get("AWS_ACCESS_KEY_ID"),
+                                     aws_secret_access_key=env.get("AWS_SECRET_ACCESS_KEY"),
+                                     region_name=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1"
+                                     ).client("s3", endpoint_url=env.get("AWS_ENDPOINT_URL"))
+
+    def url(self, name: str) -> str:
+        """A store URL no other test uses."""
+        return f"s3://{self.bucket}/" + "/".join(p for p in (self.prefix, f"{name}-{uuid.uuid4().hex[:8]}") if p)
+
+    def keys(self, url: str) -> list[str]:
+        """Every key under a store URL, relative to it."""
+        prefix = url.removeprefix(f"s3://{self.bucket}/") + "/"
+        pages = self.client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
+        return sorted(o["Key"][len(prefix):] for page in pages for o in page.get("Contents", []))
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
