@@ -32,16 +32,25 @@ class RagledgerError(Exception):
     the one line the command prints after `error:` for the same input."""
 
 
-def store_root(location: str | os.PathLike[str]) -> Path:
-    """The store's directory from how it was named: a path, or a file:// URL. Every store location goes through here,
-    so the object-storage URLs the store reads later are added in one place."""
+def store_root(location: str | os.PathLike[str], creating: bool = False) -> Path:
+    """The store's directory from how it was named: a path, a file:// URL, or an s3:// URL (then the local mirror of
+    that store, brought up to date: tracking/store/remote.py). Every store location goes through here."""
     text = os.fspath(location)
     scheme, sep, rest = text.partition("://")
     if not sep:
         return Path(text).expanduser()
     if scheme == "file":
         return Path(rest)
-    raise RagledgerError(f"--store {text}: {scheme}:// stores are not supported (a local directory or file:// URL)")
+    if scheme == "s3":
+        from tracking.store.identity import NotAStoreError
+        from tracking.store.objects import StorageError
+        from tracking.store.remote import open_remote
+
+        try:
+            return open_remote(text, "--store", creating)
+        except (StorageError, NotAStoreError) as exc:
+            raise RagledgerError(str(exc)) from None
+    raise RagledgerError(f"--store {text}: {scheme}:// stores are not supported (a local directory, file:// or s3:// URL)")
 
 
 def open_store(location: str | os.PathLike[str] = ".ragledger/store") -> Store:

@@ -219,7 +219,7 @@ def across_cmd(
     from tracking.analysis.across import accuracy_across
     from tracking.store.ledger import LedgerError
 
-    checked_store(store)
+    store = checked_store(store)
     if plot is not None and not plot.parent.is_dir():
         fail(f"--plot {plot}: no such directory {plot.parent}")
     try:

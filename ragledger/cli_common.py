@@ -37,15 +37,20 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
-def checked_store(store: str, creating: bool = False) -> None:
+def checked_store(store: str, creating: bool = False) -> str:
     """`--store` must be a ragledger store, or, for a command that makes one (`creating`), a new or empty folder:
-    asked before the command reads or writes anything, one error line naming the folder otherwise."""
+    asked before the command reads or writes anything, one error line naming the folder otherwise. The folder the
+    command then works on: `store` itself, or an s3:// store's local mirror (tracking/store/remote.py)."""
     from tracking.store.identity import NotAStoreError, require_store
+    from tracking.store.objects import StorageError
+    from tracking.store.remote import local_root
 
     try:
-        require_store(store, "--store", creating)
-    except NotAStoreError as exc:
+        root = local_root(store, "--store", creating)
+        require_store(root, "--store", creating)
+    except (NotAStoreError, StorageError) as exc:
         fail(str(exc))
+    return root
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
@@ -62,10 +67,11 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from tracking.mlflow.log import MlflowCredentialsError
     from tracking.mlflow.sync import MlflowLoggingPending
     from tracking.store.identity import NotAStoreError
+    from tracking.store.objects import StorageError
 
     return (SpecError, DatasetError, BackendError, EmbeddedServerError, ModelFetchError, RecordValidationError,
             LocationError, CredentialsInURL, StoreFullError, MlflowLoggingPending, NotAStoreError,
-            MlflowCredentialsError)
+            MlflowCredentialsError, StorageError)
 
 
 def usage_error(message: str) -> BaseException:

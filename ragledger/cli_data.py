@@ -139,7 +139,7 @@ def store_verify(store: Annotated[str, typer.Option(help="event store directory"
 
     from tracking.store.events import EventStore
 
-    checked_store(store)
+    store = checked_store(store)
     checked, problems = EventStore(store).verify()
     for p in problems:
         err.print(f"[red]BAD[/] {escape(str(p.path.resolve()))}: {escape(p.problem)}", highlight=False)
@@ -158,8 +158,9 @@ def store_compact(
     from tracking.store.catalog import CatalogError
     from tracking.store.compaction import compact_store, record_files
     from tracking.store.events import EventStore
+    from tracking.store.objects import StorageError
 
-    checked_store(store)
+    store = checked_store(store)
     events = EventStore(store)
     known = {e for kind in ("questions", "outcomes", "generations", "retrievals", "votes") for e in events.experiments(kind)}
     unknown = sorted(set(experiment or ()) - known)
@@ -169,7 +170,10 @@ def store_compact(
     with stage_progress():
         try:
             r = compact_store(events, experiment or None)
-        except CatalogError as exc:
+            from tracking.store.remote import push_up
+
+            push_up(store, collect=True)  # an s3:// store: packs create-only, each catalog by compare-and-swap
+        except (CatalogError, StorageError) as exc:
             fail(str(exc))
     from tracking.store.question_index import question_index
 

@@ -20,14 +20,15 @@ ExperimentsOpt = Annotated[list[str] | None, typer.Option(
     "their files are opened")]
 
 
-def _experiments(store: str, patterns: list[str] | None) -> list[str]:
+def _experiments(store: str, patterns: list[str] | None) -> tuple[str, list[str]]:
+    """The folder to read (an s3:// store's mirror) and the experiments with outcomes matching `patterns`."""
     from tracking.store.ledger import Ledger
 
-    checked_store(store)
+    given, store = store, checked_store(store)
     names = Ledger(store).experiments(patterns)
     if not names:
-        fail(f"no experiment with outcomes in {store}" + (f" matches {', '.join(patterns)}" if patterns else ""))
-    return names
+        fail(f"no experiment with outcomes in {given}" + (f" matches {', '.join(patterns)}" if patterns else ""))
+    return store, names
 
 
 def history_cmd(
@@ -40,7 +41,7 @@ def history_cmd(
     """One question's history: its outcome in every cell of every experiment that asked it, oldest first."""
     from tracking.store.ledger import Ledger
 
-    names = _experiments(store, experiments)
+    store, names = _experiments(store, experiments)
     df = Ledger(store).question_history(qid, names)
     if df.empty:
         fail(f"question {qid!r}: no outcome in {len(names)} experiment(s) of {store}")
@@ -65,7 +66,7 @@ def leaderboard_cmd(
     from tracking.analysis.history import leaderboard
     from tracking.store.ledger import LedgerError
 
-    names = _experiments(store, experiments)
+    store, names = _experiments(store, experiments)
     try:
         df = leaderboard(store, names, dataset, top or None, metric)
     except LedgerError as exc:
@@ -89,7 +90,7 @@ def diff_cmd(
     from tracking.analysis.history import execution_diff
     from tracking.store.ledger import LedgerError
 
-    checked_store(store)
+    store = checked_store(store)
     try:
         summary, flips, (a, b) = execution_diff(store, experiment, before, after)
     except LedgerError as exc:

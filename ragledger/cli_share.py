@@ -42,21 +42,22 @@ def over_records(command: Callable[..., None]) -> Callable[..., None]:
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
         given = bound.arguments
-        _pull_missing(str(given["store"]), given.get("experiment"), given.get("mlflow_uri"))
+        # the folder the body reads: `--store` itself, or an s3:// store's mirror (tracking/store/remote.py)
+        given["store"] = _pull_missing(str(given["store"]), given.get("experiment"), given.get("mlflow_uri"))
         from tracking.store.ledger import LedgerError
 
         try:
-            command(*args, **kwargs)
+            command(*bound.args, **bound.kwargs)
         except LedgerError as exc:
             fail(str(exc))
 
     return run
 
 
-def _pull_missing(store: str, experiment: str | None, mlflow_uri: str | None) -> None:
-    checked_store(store, creating=bool(experiment and mlflow_uri))
+def _pull_missing(store: str, experiment: str | None, mlflow_uri: str | None) -> str:
+    store = checked_store(store, creating=bool(experiment and mlflow_uri))
     if not experiment:
-        return
+        return store
     from tracking.mlflow.pull import PullError, ensure_local
 
     try:
@@ -66,6 +67,7 @@ def _pull_missing(store: str, experiment: str | None, mlflow_uri: str | None) ->
     if r is not None and r.pulled:
         err.print(f"pulled {escape(experiment)} from MLflow into {r.store} ({r.downloaded} artifact(s), "
                   f"{r.calls_added} LLM call(s) into the call cache)", highlight=False)
+    return store
 
 
 def pull_cmd(
@@ -80,7 +82,7 @@ def pull_cmd(
     from tracking.mlflow.log import default_tracking_uri
     from tracking.mlflow.pull import PullError, pull
 
-    checked_store(store, creating=True)
+    store = checked_store(store, creating=True)
     uri = mlflow_uri or default_tracking_uri()
     try:
         r = pull(experiment, store, uri, log=lambda line: console.print(escape(line), highlight=False))
@@ -108,7 +110,7 @@ def cache_export(
     from tracking.store import callpack
     from tracking.store.events import EventStore
 
-    checked_store(store)
+    store = checked_store(store)
     cache_file = callpack.cache_path(store)
     if not cache_file.is_file():
         fail(f"--store {store}: no call cache ({cache_file} does not exist)")
@@ -141,7 +143,7 @@ def cache_import(
     from engines.llm_cache import LLMCallCache
     from tracking.store import callpack
 
-    checked_store(store, creating=True)
+    store = checked_store(store, creating=True)
     try:
         pack = callpack.read(file)
         os.makedirs(store, exist_ok=True)

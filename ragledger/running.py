@@ -58,8 +58,11 @@ def checked_run(spec_given: SpecGiven, store: str | None, base_url: str | None, 
                        "model.api_key_env")
     # every place the run writes (store, call cache, MLflow, Prefect home, logs, indexes, --json), before the inputs
     # are read (flows/launch.py): a mistyped store is named before a large corpus is read for its hash
-    check_run_locations(spec, store or spec.tracking.store, "--store" if store else "tracking.store", Path.cwd(), json_out)
-    root = store or spec.tracking.store
+    from tracking.store.remote import local_root
+
+    what = "--store" if store else "tracking.store"
+    root = local_root(store or spec.tracking.store, what, creating=True)  # an s3:// store: its mirror, up to date
+    check_run_locations(spec, root, what, Path.cwd(), json_out)
     if (scheduler or spec.execution.scheduler_address) and "://" not in root:
         root = str(Path(root).resolve())  # a long-lived cluster's workers each run in a folder of their own
     options = RunOptions(root, base_url, "dask" if scheduler else runner, workers, scheduler)
@@ -160,11 +163,11 @@ def run(spec: SpecGiven, *, store: str | os.PathLike[str] | None = None, base_ur
     gives its RunResult, a sweep one per dataset, in order. A bad input or a failed run raises RagledgerError with
     the command's `error:` line; a defect in ragledger is raised as it is."""
     from flows.launch import launch
-    from ragledger.api import RagledgerError, store_root
+    from ragledger.api import RagledgerError
     from ragledger.runlog import RUN_LOG_ENV
 
     try:
-        checked, options = checked_run(spec, None if store is None else str(store_root(store)), base_url, None,
+        checked, options = checked_run(spec, None if store is None else _named(store), base_url, None,
                                        runner, workers, scheduler, limit, embedded, corpus)
     except run_errors() as exc:
         raise RagledgerError(str(exc)) from None
@@ -180,6 +183,14 @@ def run(spec: SpecGiven, *, store: str | os.PathLike[str] | None = None, base_ur
             os.environ[RUN_LOG_ENV] = previous_log
     results = [_result(s, options.store_root) for s in summary.get("experiments", [summary])]
     return results if "experiments" in summary else results[0]
+
+
+def _named(store: str | os.PathLike[str]) -> str:
+    """A store as `ragledger run --store` takes it: a URL as it is (checked_run opens it), a path or file:// as a path."""
+    from ragledger.api import store_root
+
+    text = os.fspath(store)
+    return text if text.startswith("s3://") else str(store_root(text))
 
 
 def _result(summary: dict[str, Any], root: str) -> RunResult:

@@ -180,6 +180,9 @@ class EventStore:
             with tmp.open("wb") as fh:  # Python's file object: an ENOSPC keeps its errno (pyarrow's own writer drops it)
                 pq.write_table(table, fh, compression="zstd")
             crashpoint("events.before_rename")
+        from tracking.store.remote import put_segment  # here: a folder store's writes never import boto3
+
+        put_segment(self.root, target)  # a store at an s3:// URL: in the bucket as soon as it is written
         return target
 
     def remove_abandoned_temp_files(self) -> int:

@@ -1,0 +1,246 @@
+"""A store at an object-storage URL (`s3://bucket/prefix`), read and written through a local folder that mirrors it.
+
+Every reader and writer of a store works on a folder (tracking/store/ledger.py, events.py, compaction.py, the views):
+a store at a URL is given to them as its *mirror*, a folder under $RAGLEDGER_HOME/stores/ that this module keeps in
+step with the bucket through the storage seam (tracking/store/objects.py):
+
+- before a command reads, `pull_down` fetches every object the mirror lacks (by name: a segment or pack is content-
+  named, so one already held is the same bytes) and every updated file (a catalog, a run manifest) whose tag changed;
+  DuckDB and pyarrow then read local files: no httpfs extension, nothing downloaded by DuckDB at run time;
+- a segment is put in the bucket as it is written (EventStore.write calls `put_segment`), create-only;
+- when a command that writes ends (a run, a compaction), `push_up` puts every other durable file: packs create-only,
+  catalogs and manifests by compare-and-swap against the tag last seen, so a writer that did not see another's
+  commit fails instead of overwriting it; after a compaction, `collect` deletes the objects its committed catalog
+  made unread.
+
+What stays on the machine and never goes to the bucket: the LLM-call cache (SQLite), projections (rebuildable),
+MLflow's pending markers, a pull's downloads. The mirror's `.remote/` folder holds the URL (never a credential) and
+the tags of the updated files as last seen.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from functools import lru_cache
+from pathlib import Path
+
+from core.atomic import atomic_write_bytes, atomic_write_text
+from core.paths import StoreLayout, cache_home
+from schemas.kinds import RECORD_KINDS
+from tracking.store.catalog import CATALOG_DIR, load_catalog
+from tracking.store.identity import NotAStoreError, StoreState, classify
+from tracking.store.objects import ConflictError, S3Objects, StorageError, endpoint, is_s3_url, s3_objects
+
+ORIGIN = "origin.json"
+TAGS = "tags.json"
+_tags_lock = threading.Lock()
+
+
+def mirror_root(url: str) -> Path:
+    """The mirror of the store at `url` on this machine: one per endpoint and URL."""
+    name = hashlib.sha256(f"{endpoint() or ''}\n{url.rstrip('/')}".encode()).hexdigest()[:16]
+    return cache_home().absolute() / "stores" / name
+
+
+def _durable(key: str) -> bool:
+    """Whether a store file belongs in the bucket: records, catalogs, run manifests, analysis outputs."""
+    parts = key.split("/")
+    if any(p.startswith(".tmp-") for p in parts):
+        return False
+    if parts[0] in RECORD_KINDS:
+        return len(parts) == 3 and parts[2].endswith(".parquet") and parts[2].startswith(("seg-", "pack-"))
+    if parts[0] == CATALOG_DIR:
+        return len(parts) == 2 and parts[1].endswith(".json")
+    return parts[0] in (StoreLayout.RUNS, StoreLayout.ANALYSIS) and len(parts) >= 2
+
+
+def _immutable(key: str) -> bool:
+    return key.split("/")[0] in RECORD_KINDS
+
+
+# a run manifest names its segments by path: in the bucket relative to the store, in a mirror under the mirror's root,
+# so that machines whose mirrors lie in other places read the same manifest
+BUCKET_ROOT = "s3-store:"
+
+
+def _rooted(key: str) -> bool:
+    return key.startswith(f"{StoreLayout.RUNS}/") and key.endswith(".json")
+
+
+def _to_bucket(root: Path, key: str, data: bytes) -> bytes:
+    if not _rooted(key):
+        return data
+    return data.replace(json.dumps(f"{root}/")[1:-1].encode(), BUCKET_ROOT.encode())
+
+
+def _from_bucket(root: Path, key: str, data: bytes) -> bytes:
+    if not _rooted(key):
+        return data
+    return data.replace(BUCKET_ROOT.encode(), json.dumps(f"{root}/")[1:-1].encode())
+
+
+class _KeyListing:
+    """tracking/store/identity.py's listing over a bucket's keys."""
+
+    def __init__(self, keys: list[str]):
+        self.keys = keys
+
+    def names(self, *parts: str) -> list[str] | None:
+        head = "/".join(parts) + "/" if parts else ""
+        found = sorted({k[len(head):].split("/")[0] for k in self.keys if k.startswith(head)})
+        return found or (None if parts else [])
+
+    def is_file(self) -> bool:
+        return False
+
+
+def _load_tags(root: Path) -> dict[str, list[str]]:
+    try:
+        return json.loads((root / StoreLayout.REMOTE / TAGS).read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+def _save_tag(root: Path, key: str, tag: str, data: bytes) -> None:
+    with _tags_lock:
+        tags = _load_tags(root)
+        tags[key] = [tag, hashlib.sha256(data).hexdigest()]
+        atomic_write_text(root / StoreLayout.REMOTE / TAGS, json.dumps(tags, sort_keys=True))
+
+
+@lru_cache(maxsize=64)
+def _origin(root: Path) -> str | None:
+    try:
+        return json.loads((root / StoreLayout.REMOTE / ORIGIN).read_text())["url"]
+    except (FileNotFoundError, NotADirectoryError, ValueError, KeyError):
+        return None
+
+
+def remote_of(root: str | Path) -> S3Objects | None:
+    """The bucket a mirror stands for; None for a store that is its own folder."""
+    url = _origin(Path(root))
+    return _objects(url) if url else None
+
+
+@lru_cache(maxsize=16)
+def _objects(url: str) -> S3Objects:
+    return s3_objects(url)
+
+
+def open_remote(url: str, what: str = "--store", creating: bool = False) -> Path:
+    """The mirror of the store at `url`, brought up to date: NotAStoreError or StorageError (one line each, naming
+    the URL) unless the bucket is reachable and the prefix holds a store, or, for a command that makes one
+    (`creating`), nothing yet or only a store's own names."""
+    objects = s3_objects(url, what)
+    keys = list(objects.list())
+    check = classify(_KeyListing(keys))
+    if not (check.state is StoreState.STORE or (creating and check.state in (StoreState.EMPTY, StoreState.MISSING))):
+        if check.state is StoreState.FOREIGN:
+            raise NotAStoreError(f"{what} {url}: not a ragledger store: it holds {', '.join(check.foreign[:3])} and no "
+                                 "records, run manifests or call cache")
+        raise NotAStoreError(f"{what} {url}: not a ragledger store: it holds no records or run manifests")
+    root = mirror_root(url)
+    (root / StoreLayout.REMOTE).mkdir(parents=True, exist_ok=True)
+    atomic_write_text(root / StoreLayout.REMOTE / ORIGIN, json.dumps({"url": url.rstrip("/")}))
+    _origin.cache_clear()
+    pull_down(root, objects)
+    return root
+
+
+def pull_down(root: Path, objects: S3Objects) -> int:
+    """Fetch into the mirror what it lacks or holds an older version of; the number of objects fetched."""
+    tags = _load_tags(root)
+    fetched = 0
+    for key, tag in objects.list().items():
+        if not _durable(key):
+            continue
+        path = root / key
+        if _immutable(key) and path.exists():
+            continue
+        if not _immutable(key) and tags.get(key, [None])[0] == tag and path.exists():
+            continue
+        got = objects.get(key)
+        if got is None:  # deleted since the listing (a compaction's garbage)
+            continue
+        data = _from_bucket(root, key, got[0])
+        atomic_write_bytes(path, data)
+        if not _immutable(key):
+            _save_tag(root, key, got[1], data)
+        fetched += 1
+    return fetched
+
+
+def put_segment(root: Path, path: Path) -> None:
+    """Put one content-named record file of a mirror in its bucket (create-only); nothing for a folder store."""
+    objects = remote_of(root)
+    if objects is not None:
+        objects.put_new(path.relative_to(root).as_posix(), path.read_bytes())
+
+
+def push_up(root: str | Path, collect: bool = False) -> int:
+    """Put in the bucket every durable file of the mirror it does not hold as the mirror does (records create-only;
+    catalogs, manifests and analysis files by compare-and-swap); then, with `collect`, delete the record objects the
+    committed catalogs made unread. Nothing for a folder store. The number of objects put."""
+    root = Path(root)
+    objects = remote_of(root)
+    if objects is None:
+        return 0
+    held = objects.list()
+    tags = _load_tags(root)
+    put = 0
+    # records before catalogs: a catalog is committed only once the packs it names are in the bucket
+    files = sorted((p for p in root.rglob("*") if p.is_file()), key=lambda p: (not _immutable(_key(root, p)), str(p)))
+    for path in files:
+        key = _key(root, path)
+        if not _durable(key):
+            continue
+        if _immutable(key):
+            if key not in held:
+                put += objects.put_new(key, path.read_bytes())
+            continue
+        data = path.read_bytes()
+        seen = tags.get(key)
+        if seen is not None and seen[1] == hashlib.sha256(data).hexdigest():
+            continue  # as last put or fetched: nothing of this machine's to put (the bucket may hold a newer one)
+        try:
+            tag = objects.put_if(key, _to_bucket(root, key, data), seen[0] if seen else None)
+        except ConflictError:
+            raise ConflictError(f"{objects.location.url}/{key}: changed by another writer since this machine read "
+                                "it; run the command again") from None
+        _save_tag(root, key, tag, data)
+        put += 1
+    if collect:
+        _collect(root, objects, objects.list())
+    return put
+
+
+def _key(root: Path, path: Path) -> str:
+    return path.relative_to(root).as_posix()
+
+
+def _collect(root: Path, objects: S3Objects, held: dict[str, str]) -> None:
+    """Delete the segments a committed catalog names and the packs it does not (tracking/store/catalog.py: no
+    reader of that catalog reads them)."""
+    for key in sorted(held):
+        parts = key.split("/")
+        if parts[0] not in RECORD_KINDS or len(parts) != 3:
+            continue
+        entry = load_catalog(root, parts[1]).entry(parts[0])
+        if entry is None:
+            continue
+        if parts[2] in entry.segments or (parts[2].startswith("pack-") and parts[2] != entry.pack):
+            objects.delete(key)
+
+
+def local_root(location: str | os.PathLike[str], what: str = "--store", creating: bool = False) -> str:
+    """The folder a command reads or writes for a store named by a path or a URL: the path itself, or an s3://
+    store's mirror brought up to date."""
+    text = os.fspath(location)
+    return str(open_remote(text, what, creating)) if is_s3_url(text) else text
+
+
+__all__ = ["ConflictError", "StorageError", "local_root", "open_remote", "pull_down", "push_up", "put_segment",
+           "remote_of"]
