@@ -181,11 +181,18 @@ def analyze_cmd(
     configure_prefect_home(Path.cwd())
     from flows.analyze import analyze_flow
     from tracking.analysis.eor import POOLING_CHOICES
+    from tracking.store.objects import StorageError
+    from tracking.store.remote import push_up
 
     if eor_pooling not in POOLING_CHOICES:
         fail(f"--eor-pooling must be one of {', '.join(POOLING_CHOICES)}, got {eor_pooling!r}")
-    print_analysis(analyze_flow(store, experiment, str(out) if out else None, metric, eor, mlflow, eor_train, eor_pooling,
-                                tuple(across or ())))
+    r = analyze_flow(store, experiment, str(out) if out else None, metric, eor, mlflow, eor_train, eor_pooling,
+                     tuple(across or ()))
+    try:
+        push_up(store)  # a store at an s3:// URL: the EoR records and analysis outputs go to the bucket
+    except StorageError as exc:
+        fail(str(exc))
+    print_analysis(r)
 
 
 @over_records

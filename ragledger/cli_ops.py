@@ -215,6 +215,13 @@ def sync(
     result = mlflow_sync.sync(store, tracking_uri, everything=all_executions, log=lambda e: console.print(
         f"logged {e['experiment']} execution {e['execution']} to MLflow {e['tracking_uri']}: parent run {e['parent']}, "
         f"{len(e['cells'])} cell run(s)", highlight=False))
+    from tracking.store.objects import StorageError
+    from tracking.store.remote import push_up
+
+    try:
+        push_up(store)  # a store at an s3:// URL: the manifests now naming their MLflow runs go to the bucket
+    except StorageError as exc:
+        fail(str(exc))
     console.print(f"{len(result.logged)} execution(s) logged to MLflow; {len(result.pending)} still pending "
                       f"(of {before} pending before)" + (f"; {len(result.skipped)} already logged or being logged by "
                                                          "another process" if result.skipped else ""))

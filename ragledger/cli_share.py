@@ -81,12 +81,16 @@ def pull_cmd(
     from core.secrets import redact_url
     from tracking.mlflow.log import default_tracking_uri
     from tracking.mlflow.pull import PullError, pull
+    from tracking.store.objects import StorageError
 
     store = checked_store(store, creating=True)
     uri = mlflow_uri or default_tracking_uri()
     try:
         r = pull(experiment, store, uri, log=lambda line: console.print(escape(line), highlight=False))
-    except PullError as exc:
+        from tracking.store.remote import push_up
+
+        push_up(store)  # a store at an s3:// URL: the pulled records and manifests go to the bucket
+    except (PullError, StorageError) as exc:
         fail(str(exc))
     if r.nothing_new:
         console.print(f"nothing new to pull: {len(r.present)} execution(s) of {escape(experiment)} already in "

@@ -155,11 +155,14 @@ def test_an_execution_is_read_from_its_manifests_segments(root):
     assert store.executions(EXP).empty and store.experiments()["experiment"].tolist() == [EXP]
 
 
-def test_a_store_location_is_a_path_or_a_file_url(root):
+def test_a_store_location_is_a_path_or_a_url(root):
     assert ragledger.open_store(f"file://{root}").root == root
     assert ragledger.open_store(root).root == root
-    with pytest.raises(ragledger.RagledgerError, match=r"s3:// stores are not supported"):
-        ragledger.open_store("s3://bucket/store")
+    with pytest.raises(ragledger.RagledgerError, match=r"gs:// stores are not supported"):
+        ragledger.open_store("gs://bucket/store")
+    # an s3:// URL opens its store through a mirror (tests/test_store_s3.py); one without a bucket is refused first
+    with pytest.raises(ragledger.RagledgerError, match=r"^--store s3://: no bucket \(s3://BUCKET/PREFIX\)$"):
+        ragledger.open_store("s3://")
 
 
 def test_importing_ragledger_loads_no_data_stack():

@@ -172,3 +172,15 @@ def test_the_mirror_holds_no_credential_and_names_the_url(lab, s3):
     origins = list((ws / "machine-a" / "stores").glob(f"*/{'.remote'}/origin.json"))
     assert [json.loads(p.read_text()) for p in origins] == [{"url": url}]
     assert os.environ.get("AWS_SECRET_ACCESS_KEY", "\0") not in origins[0].read_text()
+
+
+def test_the_python_api_reads_an_s3_store(lab, s3, monkeypatch):
+    import ragledger
+
+    ws, url = lab
+    for name, value in machine(s3, ws, "machine-e").items():
+        monkeypatch.setenv(name, value)
+    remote = ragledger.open_store(url).outcomes("exp")
+    local = ragledger.open_store(ws / "local").outcomes("exp")
+    columns = ["cell", "qid", "prediction", "em", "f1", "error_type"]
+    pd.testing.assert_frame_equal(remote[columns], local[columns])

@@ -12,7 +12,8 @@ index): it pushes the filter into the Parquet scan and skips a pack's row groups
 only engine that runs `ragledger query`. Whole segments named by path (what a stage reads of its inputs, an
 execution's outcomes) are read with pyarrow: opening a DuckDB connection costs more than reading a small segment,
 and its frames keep the dtypes pandas wrote. Both keep of copies of an event the one that tracking/store/duck.py's
-rule picks, so no read shows another copy than the views. Moving the store to object storage is moving these reads.
+rule picks, so no read shows another copy than the views. A store at an s3:// URL is read the same way, from its
+local mirror (tracking/store/remote.py fetches the objects with boto3; DuckDB needs no httpfs extension).
 """
 
 from __future__ import annotations

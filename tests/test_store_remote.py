@@ -1,0 +1,63 @@
+"""Two machines' mirrors of one s3:// store (tracking/store/remote.py), in this process, against moto's S3 server as
+its own process (or RAGLEDGER_TEST_S3_URL): a segment is in the bucket as soon as it is written; a catalog committed
+by one machine is not overwritten by another that did not read it (compare-and-swap), and that machine reads the
+committed one after its next fetch."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.servers import S3Server
+from tests.test_store_identity import questions_store
+from tracking.store.compaction import compact_experiment
+from tracking.store.events import EventStore
+from tracking.store.objects import ConflictError
+from tracking.store.remote import open_remote, push_up
+
+
+@pytest.fixture(scope="module")
+def s3():
+    with S3Server() as server:
+        yield server
+
+
+@pytest.fixture
+def bucket(s3, monkeypatch):
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in s3.env.items():
+        monkeypatch.setenv(name, value)
+    return s3
+
+
+def on(machine, monkeypatch, url: str, creating: bool = False):
+    monkeypatch.setenv("RAGLEDGER_HOME", str(machine))
+    return open_remote(url, creating=creating)
+
+
+def test_segments_go_to_the_bucket_as_written_and_catalogs_by_compare_and_swap(bucket, tmp_path, monkeypatch):
+    url = bucket.url("cas")
+    a = on(tmp_path / "a", monkeypatch, url, creating=True)
+    questions_store(a)  # EventStore.write: the segment is put create-only at once
+    assert [k for k in bucket.keys(url) if k.startswith("questions/")] == \
+        [p.relative_to(a).as_posix() for p in EventStore(a).segments("questions")]
+    b = on(tmp_path / "b", monkeypatch, url)
+    assert b != a and EventStore(b).read("questions")["qid"].tolist() == ["q1"]
+
+    compact_experiment(EventStore(a), "exp")
+    monkeypatch.setenv("RAGLEDGER_HOME", str(tmp_path / "a"))
+    push_up(a, collect=True)
+    held = bucket.keys(url)
+    assert "compacted/exp.json" in held and [k for k in held if k.startswith("questions/")][0].split("/")[-1].startswith(
+        "pack-")
+    # machine b compacts from its old mirror: its catalog would replace one it never read
+    monkeypatch.setenv("RAGLEDGER_HOME", str(tmp_path / "b"))
+    (b / "compacted").mkdir(exist_ok=True)
+    (b / "compacted" / "exp.json").write_text('{"version": 1, "experiment": "exp", "kinds": {}}')
+    with pytest.raises(ConflictError, match=r"compacted/exp.json: changed by another writer since this machine read it"):
+        push_up(b)
+    # after fetching, b holds a's commit and reads the pack
+    b = on(tmp_path / "b", monkeypatch, url)
+    assert (b / "compacted" / "exp.json").read_text() == (a / "compacted" / "exp.json").read_text()
+    assert EventStore(b).read("questions")["qid"].tolist() == ["q1"]
+    assert EventStore(b).segments("questions")[0].name.startswith("pack-")
