@@ -97,6 +97,9 @@ def test_reading_commands_on_an_s3_store(lab, s3):
         remote = cli(ws, *args, "--store", url, "--format", "json", env=other)
         assert remote.returncode == 0, (args, remote.stderr[-2000:])
         pd.testing.assert_frame_equal(same_order(frame(remote)), same_order(frame(local)), obj=str(args))
+    trace = ["trace", "exp", "q1"]  # the question's lineage through every cell
+    local, remote = cli(ws, *trace, "--store", local_store), cli(ws, *trace, "--store", url, env=other)
+    assert remote.returncode == 0 and "q1" in remote.stdout and remote.stdout == local.stdout, remote.stderr[-2000:]
     verify = cli(ws, "store", "verify", "--store", url, env=other)
     assert verify.returncode == 0 and "0 problem(s)" in verify.stdout, verify.stdout + verify.stderr
 
