@@ -26,8 +26,11 @@ ANALYSIS_VERSION = "analysis-2"
 
 
 def write_outputs(res: AnalysisResult, out_dir: Path, store_root: str | Path | None = None, report: bool = True) -> list[Path]:
-    """Every analysis of the registry's files (tracking/analysis/registry.py), and the HTML report, under out_dir;
-    returns the files. Its figures are kept in `res.pngs` for the report."""
+    """Every analysis of the registry's files (tracking/analysis/registry.py), their figures
+    (tracking/report/figures.py) and the HTML report, under out_dir; returns the files. The figures are kept in
+    `res.pngs` for the report."""
+    from tracking.report.figures import figures  # matplotlib: loaded when an analysis is written, not at start-up
+
     out_dir.mkdir(parents=True, exist_ok=True)
     res.outputs = outputs(res)
     files: list[Path] = []
@@ -42,13 +45,17 @@ def write_outputs(res: AnalysisResult, out_dir: Path, store_root: str | Path | N
             else:
                 p.write_text(data, encoding="utf-8")
             files.append(p)
+    for name, png in figures(res).items():
+        (out_dir / name).write_bytes(png)
+        res.pngs[name] = png
+        files.append(out_dir / name)
     if report:
         files.append(_put_report(res, out_dir, store_root))
     return files
 
 
 def _put_report(res: AnalysisResult, out_dir: Path, store_root: str | Path | None) -> Path:
-    from tracking.analysis.report import html_report
+    from tracking.report.report import html_report
 
     p = out_dir / "report.html"
     p.write_text(html_report(res, store_root), encoding="utf-8")
@@ -105,8 +112,8 @@ def run_analysis(store_root: str | Path, experiment: str, out_dir: str | Path | 
 
 def _write_across(res: AnalysisResult, store_root: str | Path, experiments: list[str], metric: str, base: Path) -> list[Path]:
     """accuracy_across.parquet and its figure (also among the report's plots): tracking/analysis/across.py."""
-    from tracking.analysis import plots
     from tracking.analysis.across import accuracy_across
+    from tracking.report import plots
 
     table = accuracy_across(store_root, experiments, metric)
     png = plots.accuracy_across(table, experiments, metric)

@@ -17,9 +17,10 @@ from flows.executor import Executed
 from flows.run_summary import Accounting, RunSummary, StageClock
 from tasks.stages import RunContext
 from tracking.analysis.metrics import METRICS_VERSION, cached_cell_metrics, cell_metrics
-from tracking.analysis.readers_table import readers_table, write_readers_table
+from tracking.analysis.readers_table import readers_table
 from tracking.mlflow.log import safe_spec
 from tracking.mlflow.sync import MlflowLoggingPending, publish, sync
+from tracking.report.readers_table import write_readers_table
 from tracking.store.compaction import compact_experiment
 from tracking.store.events import EventStore, stable_hash
 

@@ -235,7 +235,7 @@ def across_cmd(
         fail(str(exc))
     if plot is not None:
         from core.atomic import atomic_write_bytes
-        from tracking.analysis import plots
+        from tracking.report import plots
 
         atomic_write_bytes(plot, plots.accuracy_across(table, experiments, metric))
         err.print(f"figure written to {plot}")

@@ -23,7 +23,8 @@ def print_run_header(spec: AnySpec) -> None:
 
 def print_summary(summary: dict) -> None:
     """A run's readers table and model calls; for a sweep (summary["experiments"]), one table per dataset."""
-    from tracking.analysis.readers_table import display_rows, headers, readers_table
+    from tracking.analysis.readers_table import readers_table
+    from tracking.report.readers_table import display_rows, headers
 
     experiments = summary.get("experiments", [summary])
     for s in experiments:

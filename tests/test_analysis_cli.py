@@ -291,7 +291,8 @@ def test_a_cell_has_one_em_ci_in_the_readers_table_the_cli_and_the_report(tmp_pa
     table and in report.html: all three come from tracking.analysis.metrics.bootstrap_ci, whatever order each reads the
     questions in (the analysis sorts them by qid: q1, q10, q11, ...)."""
     from tracking.analysis.metrics import cell_metrics
-    from tracking.analysis.readers_table import display_rows, readers_table
+    from tracking.analysis.readers_table import readers_table
+    from tracking.report.readers_table import display_rows
 
     rng = np.random.default_rng(4)  # cell a: EM 50.0 [35.0, 65.0]; resampling indices in qid order gave [35.0, 67.5]
     ems = {(r, "concatenation"): [int(x) for x in rng.random(40) < p] for r, p in (("a", 0.55), ("b", 0.3))}

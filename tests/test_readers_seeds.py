@@ -898,7 +898,8 @@ def test_only_the_narrowing_readers_evaluation_keys_change():
 
 def test_parse_failure_share_counts_the_cells_model_calls_not_ok():
     from tracking.analysis.metrics import cell_metrics
-    from tracking.analysis.readers_table import display_rows, readers_table
+    from tracking.analysis.readers_table import readers_table
+    from tracking.report.readers_table import display_rows
 
     outcomes = pd.DataFrame({"qid": ["a", "b"], "em": [1.0, 0.0], "f1": [1.0, 0.0], "semantic_match": [None, None],
                              "is_unknown": [False, False], "gold_in_context": [True, True], "pool_has_correct": [True, False],

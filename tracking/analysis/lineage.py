@@ -1,6 +1,6 @@
 """Lineage of a question through one cell: the records that led to its outcome (retrieved passages, every
 generation, the vote), read from the latest execution's segments. `ragledger trace` (ragledger/trace.py) renders
-it on the terminal and the report's drill-down (tracking/analysis/report.py) as HTML; both take it from here, so they show
+it on the terminal and the report's drill-down (tracking/report/report.py) as HTML; both take it from here, so they show
 the same chain."""
 
 from __future__ import annotations

@@ -10,7 +10,6 @@ import pandas as pd
 
 from tracking.analysis.inconsistency import (
     ERROR_INDICATORS,
-    PER_ERRORS,
     AnalysisResult,
     Outputs,
     Section,
@@ -18,8 +17,6 @@ from tracking.analysis.inconsistency import (
     rwr_long,
 )
 
-# the figures' names for the classes where ragledger's differs from seed 002's literal one
-ERROR_LABELS = {"HE": "HE, abstentions apart (seed 002's HE also counts an abstention with the answer in context)"}
 DECOMPOSITION_COLUMNS = ["experiment", "cell", "qid", "retriever", "reader", "model", "prediction", "em", "f1",
                          "error_type", *ERROR_INDICATORS, "correct", "fail"]
 
@@ -29,26 +26,11 @@ def _pct(x: float) -> str:
 
 
 def mrlr(res: AnalysisResult) -> Outputs:
-    """inconsistency.parquet, the RWR matrices (long) and their heatmaps, one panel per comparable group; a table per
-    group; MRLR per cell and its mean per group as metrics."""
+    """inconsistency.parquet and the RWR matrices (long); a table per group; MRLR per cell and its mean per group as
+    metrics. Its heatmaps are drawn by tracking/report/figures.py."""
     files: dict = {"inconsistency.parquet": res.inconsistency, "rwr.parquet": rwr_long(res.groups),
                    "per_error_rwr.parquet": per_error_long(res.groups)}
     comparable = [g for g in res.groups if g.comparable]
-    if comparable:  # one panel per (reader, model) group, axes labelled by retriever (the panel names the group)
-        from tracking.analysis import plots
-
-        acc = res.inconsistency.set_index("cell")["accuracy"]
-
-        def by_retriever(g, matrix: pd.DataFrame) -> pd.DataFrame:
-            return matrix.set_axis(g.retrievers, axis=0).set_axis(g.retrievers, axis=1)
-
-        files["rwr_heatmap.png"] = plots.rwr_heatmaps(
-            [(g.label, by_retriever(g, g.rwr), acc.loc[g.cells].set_axis(g.retrievers)) for g in comparable],
-            f"{res.experiment}: RWR(i→j) within each reader and model, retrievers by accuracy")
-        for e in PER_ERRORS:
-            files[f"rwr_{e}.png"] = plots.rwr_heatmaps(
-                [(g.label, by_retriever(g, g.per_error_rwr[e]), None) for g in comparable],
-                f"{res.experiment}: RWR for error {ERROR_LABELS.get(e, e)} (share of i's {e} that j avoids)")
     metrics = {f"analysis.mrlr.{r.cell}": float(r.MRLR) for r in res.inconsistency.itertuples()}
     # seed 002 Figure: MRLR averaged over a group's retrievers
     metrics |= {f"analysis.mean_mrlr.{g.reader} · {g.model}": float(g.table["MRLR"].mean()) for g in comparable}
@@ -80,13 +62,10 @@ def mrlr_sections(res: AnalysisResult, heading: str = "MRLR table, ") -> list[Se
 
 def decomposition(res: AnalysisResult) -> Outputs:
     """The decomposition per (question, cell), the error shares with their CIs (a table and bars) and the identity
-    check, whose largest residual is a metric."""
-    from tracking.analysis import plots
-
+    check, whose largest residual is a metric. Its bars are drawn by tracking/report/figures.py."""
     files: dict = {"decomposition.parquet": res.decomposition[[c for c in DECOMPOSITION_COLUMNS
                                                                 if c in res.decomposition.columns]],
-                   "error_shares.parquet": res.shares, "identity.parquet": res.identity,
-                   "error_shares.png": plots.error_share_bars(res.shares, res.cells)}
+                   "error_shares.parquet": res.shares, "identity.parquet": res.identity}
     worst = float(res.identity[["residual_literal", "residual_own_class"]].abs().to_numpy().max())
     holds = "holds" if bool(res.identity["holds"].all()) else "VIOLATED"
     shares = res.shares.set_index(["cell", "error_type"])
@@ -116,17 +95,14 @@ def paired(res: AnalysisResult) -> Outputs:
 
 def eor(res: AnalysisResult) -> Outputs:
     """The Ensemble of Retrievers fitted by the analysis flow (flows/analyze.py, tracking/analysis/eor_cells.py):
-    its weights (a table and a figure) and fit (eor.json), each EoR cell against the best single retriever of its
-    reader on the held-out questions, and its cell's tables beside its members."""
+    its weights (a table; tracking/report/figures.py draws them) and fit (eor.json), each EoR cell against the best
+    single retriever of its reader on the held-out questions, and its cell's tables beside its members."""
     info = res.eor
     if not info:
         return Outputs()
     files: dict = {}
     if info.get("weights_table"):
-        from tracking.analysis import plots
-
-        weights = pd.DataFrame(info["weights_table"])
-        files = {"eor_weights.parquet": weights, "eor_weights.png": plots.eor_weights(weights)}
+        files = {"eor_weights.parquet": pd.DataFrame(info["weights_table"])}
     files["eor.json"] = json.dumps({k: v for k, v in info.items() if k not in ("weights_table", "train_qids", "test_qids")},
                                    indent=2, default=str)
     lines = []
