@@ -200,3 +200,10 @@ def test_the_layer_check_sees_an_upward_import():
              "tracking.mlflow.log": {"tracking.store.events"}}
     assert upward_imports(graph) == ["core.answers (core) imports tracking.store.events (tracking.store)",
                                      "tracking.store.events (tracking.store) imports tracking.mlflow.log (tracking.mlflow)"]
+
+
+def test_an_analysis_never_imports_how_it_is_shown():
+    graph = {"tracking.analysis.seed002": {"tracking.report.plots"},
+             "tracking.report.report": {"tracking.analysis.registry", "tracking.store.ledger"}}
+    assert upward_imports(graph) == ["tracking.analysis.seed002 (tracking.analysis) imports tracking.report.plots "
+                                     "(tracking.report)"]
