@@ -64,7 +64,9 @@ class StoreLayout:
     PULLS: ClassVar[str] = ".pull"  # a pull's downloads before they move in, and its locks (tracking/mlflow/pull.py)
     LLM_CACHE: ClassVar[str] = "llm_cache.sqlite"
     REMOTE: ClassVar[str] = ".remote"  # a mirror's URL and tags, for a store at an s3:// URL (tracking/store/remote.py)
-    TOP_LEVEL: ClassVar[tuple[str, ...]] = (RUNS, PROJECTIONS, MLFLOW_PENDING, ANALYSIS, PULLS, LLM_CACHE, REMOTE)
+    CALLPACKS: ClassVar[str] = "callpacks"  # an s3:// store's shared LLM calls, content-named (tracking/store/remote.py)
+    TOP_LEVEL: ClassVar[tuple[str, ...]] = (RUNS, PROJECTIONS, MLFLOW_PENDING, ANALYSIS, PULLS, LLM_CACHE, REMOTE,
+                                            CALLPACKS)
 
     @classmethod
     def of(cls, root: str | Path) -> StoreLayout:

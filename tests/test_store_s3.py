@@ -187,3 +187,46 @@ def test_the_python_api_reads_an_s3_store(lab, s3, monkeypatch):
     local = ragledger.open_store(ws / "local").outcomes("exp")
     columns = ["cell", "qid", "prediction", "em", "f1", "error_type"]
     pd.testing.assert_frame_equal(remote[columns], local[columns])
+
+
+CALLS = "SELECT count(DISTINCT call_id) AS n FROM generations"
+
+
+def test_a_second_machine_reruns_and_extends_with_the_bucket_s_calls(lab, s3, tmp_path):
+    """The LLM calls are shared through the bucket as call packs: a machine with an empty cache and an empty mirror,
+    in another working directory, reruns the experiment through the flow (not answered from the store) and the model
+    sees no request; extended to more questions, it asks the model only for the new questions' calls."""
+    ws, url = lab
+    packs = [k for k in s3.keys(url) if k.startswith("callpacks/")]
+    assert packs and all(k.endswith(".jsonl.gz") for k in packs), packs
+    made = int(frame(cli(ws, "query", CALLS, "--store", url, "--format", "json", env=machine(s3, ws, "machine-a")))
+               ["n"][0])
+    assert made > 0
+    b = tmp_path / "b"
+    b.mkdir()
+    make_data(b, 8)
+    env = {**machine(s3, b, "home"), "RAGLEDGER_CACHED_ANSWER": "0"}
+    with ScriptedServer(answer=reader) as server:
+        rerun = cli(b, "run", str(write_spec(b, server.base_url, name="exp")), "--store", url, env=env)
+        assert rerun.returncode == 0, rerun.stderr[-3000:]
+        assert server.calls == 0
+    cache = next((b / "home" / "stores").glob("*/llm_cache.sqlite"))
+    assert cache.is_file()
+    # its calls were all in A's pack: it put none
+    assert [k for k in s3.keys(url) if k.startswith("callpacks/")] == packs
+
+    make_data(b, 12)  # the same 8 questions and 4 more
+    with ScriptedServer(answer=reader) as server:
+        more = cli(b, "run", str(write_spec(b, server.base_url, name="exp")), "--store", url, env=env)
+        assert more.returncode == 0, more.stderr[-3000:]
+        extended = int(frame(cli(b, "query", CALLS, "--store", url, "--format", "json", env=env))["n"][0])
+        assert extended > made
+        assert server.calls == extended - made
+    # the new calls went to the bucket as one more pack, which a third machine imports
+    after = [k for k in s3.keys(url) if k.startswith("callpacks/")]
+    assert len(after) == len(packs) + 1
+    with ScriptedServer(answer=reader) as server:
+        third = cli(b, "run", str(write_spec(b, server.base_url, name="exp")), "--store", url,
+                    env={**machine(s3, b, "home-c"), "RAGLEDGER_CACHED_ANSWER": "0"})
+        assert third.returncode == 0, third.stderr[-3000:]
+        assert server.calls == 0

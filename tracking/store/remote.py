@@ -13,7 +13,12 @@ step with the bucket through the storage seam (tracking/store/objects.py):
   commit fails instead of overwriting it; after a compaction, `collect` deletes the objects its committed catalog
   made unread.
 
-What stays on the machine and never goes to the bucket: the LLM-call cache (SQLite), projections (rebuildable),
+The LLM calls are shared as call packs (tracking/store/callpack.py), not as the SQLite cache itself: `push_up` puts the
+calls of the mirror's cache that no pack it has seen holds as one content-named pack `callpacks/<sha>.jsonl.gz`
+(create-only), and `pull_down` imports every pack the machine has not imported yet into the local cache, keyed as a
+run keys them; so a second machine rerunning or extending an experiment of the store calls the model only for new work.
+
+What stays on the machine and never goes to the bucket: the LLM-call cache file (SQLite), projections (rebuildable),
 MLflow's pending markers, a pull's downloads. The mirror's `.remote/` folder holds the URL (never a credential) and
 the tags of the updated files as last seen.
 """
@@ -36,6 +41,8 @@ from tracking.store.objects import ConflictError, S3Objects, StorageError, endpo
 
 ORIGIN = "origin.json"
 TAGS = "tags.json"
+IMPORTED = "callpacks.json"  # the call packs this mirror's cache holds every call of (imported, or put by it)
+PACK_SUFFIX = ".jsonl.gz"
 _tags_lock = threading.Lock()
 
 
@@ -54,11 +61,15 @@ def _durable(key: str) -> bool:
         return len(parts) == 3 and parts[2].endswith(".parquet") and parts[2].startswith(("seg-", "pack-"))
     if parts[0] == CATALOG_DIR:
         return len(parts) == 2 and parts[1].endswith(".json")
+    if parts[0] == StoreLayout.CALLPACKS:
+        return len(parts) == 2 and parts[1].endswith(PACK_SUFFIX)
     return parts[0] in (StoreLayout.RUNS, StoreLayout.ANALYSIS) and len(parts) >= 2
 
 
 def _immutable(key: str) -> bool:
-    return key.split("/")[0] in RECORD_KINDS
+    """Content-named: records and call packs (a name already held is the same content)."""
+    top = key.split("/")[0]
+    return top in RECORD_KINDS or top == StoreLayout.CALLPACKS
 
 
 # a run manifest names its segments by path: in the bucket relative to the store, in a mirror under the mirror's root,
@@ -170,7 +181,78 @@ def pull_down(root: Path, objects: S3Objects) -> int:
         if not _immutable(key):
             _save_tag(root, key, got[1], data)
         fetched += 1
+    import_calls(root)
     return fetched
+
+
+def _imported(root: Path) -> set[str]:
+    try:
+        return set(json.loads((root / StoreLayout.REMOTE / IMPORTED).read_text()))
+    except (FileNotFoundError, ValueError):
+        return set()
+
+
+def _save_imported(root: Path, names: set[str]) -> None:
+    atomic_write_text(root / StoreLayout.REMOTE / IMPORTED, json.dumps(sorted(names)))
+
+
+def import_calls(root: Path) -> int:
+    """Import into the mirror's LLM-call cache the calls of every call pack in the mirror it has not imported yet
+    (a key already cached keeps its response: same key, same call); the number of calls new to the cache. A pack that
+    fails its checks is a StorageError naming it, and nothing of it is imported."""
+    from engines.llm_cache import LLMCallCache
+    from tracking.store import callpack
+
+    done = _imported(root)
+    todo = sorted(p for p in (root / StoreLayout.CALLPACKS).glob(f"*{PACK_SUFFIX}") if p.name not in done)
+    if not todo:
+        return 0
+    added = 0
+    cache = LLMCallCache(callpack.cache_path(root))
+    try:
+        for path in todo:
+            try:
+                added += callpack.import_file(path, cache).added
+            except callpack.CallPackError as exc:
+                why = str(exc).removeprefix(f"{path}: ")
+                raise StorageError(f"{_origin(root)}/{StoreLayout.CALLPACKS}/{path.name}: {why}") from None
+            done.add(path.name)
+            _save_imported(root, done)
+    finally:
+        cache.close()
+    return added
+
+
+def publish_calls(root: Path) -> str | None:
+    """Write in the mirror, as one call pack, the calls of its LLM-call cache that no pack it has imported or put
+    holds; its key (`callpacks/<sha>.jsonl.gz`, for `push_up` to put create-only), or None when there are none.
+
+    Why "not in a pack seen" rather than "the calls of the run that ends": the cache knows no run, and this way a
+    failed run's calls, calls made before the store was shared, and calls of a command other than `run` are shared
+    too, while calls imported from the bucket are never put back. The name is the digest of the pack's call lines, so
+    two machines that made the same calls name one object and the create-only put keeps the first."""
+    from engines.llm_cache import LLMCallCache
+    from tracking.store import callpack
+
+    cache_file = callpack.cache_path(root)
+    if not cache_file.exists():
+        return None
+    known: set[str] = set()
+    for path in (root / StoreLayout.CALLPACKS).glob(f"*{PACK_SUFFIX}"):
+        known.update(c["key"] for c in callpack.read(path).calls)
+    cache = LLMCallCache(cache_file)
+    try:
+        # no request details: the cache does not say which records asked (as `ragledger cache export` without --experiment)
+        fresh = {k: {} for k, _ in cache.items() if k not in known}
+        if not fresh:
+            return None
+        data, head = callpack.build(cache, fresh)
+    finally:
+        cache.close()
+    name = f"{head['sha256'][:32]}{PACK_SUFFIX}"
+    callpack.write(root / StoreLayout.CALLPACKS / name, data)
+    _save_imported(root, _imported(root) | {name})
+    return f"{StoreLayout.CALLPACKS}/{name}"
 
 
 def put_segment(root: Path, path: Path) -> None:
@@ -188,6 +270,7 @@ def push_up(root: str | Path, collect: bool = False) -> int:
     objects = remote_of(root)
     if objects is None:
         return 0
+    publish_calls(root)
     held = objects.list()
     tags = _load_tags(root)
     put = 0
@@ -242,5 +325,5 @@ def local_root(location: str | os.PathLike[str], what: str = "--store", creating
     return str(open_remote(text, what, creating)) if is_s3_url(text) else text
 
 
-__all__ = ["ConflictError", "StorageError", "local_root", "open_remote", "pull_down", "push_up", "put_segment",
-           "remote_of"]
+__all__ = ["ConflictError", "StorageError", "import_calls", "local_root", "open_remote", "publish_calls", "pull_down",
+           "push_up", "put_segment", "remote_of"]
