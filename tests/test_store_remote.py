@@ -62,3 +62,75 @@ def test_segments_go_to_the_bucket_as_written_and_catalogs_by_compare_and_swap(b
     assert (b / "compacted" / "exp.json").read_text() == (a / "compacted" / "exp.json").read_text()
     assert EventStore(b).read("questions")["qid"].tolist() == ["q1"]
     assert EventStore(b).segments("questions")[0].name.startswith("pack-")
+
+
+def _response(text: str) -> dict:
+    return {"text": text, "mean_logprob": -0.5, "tokens_in": 10, "tokens_out": 2, "latency_ms": 3.0}
+
+
+def _cached(root) -> dict:
+    from engines.llm_cache import LLMCallCache
+
+    cache = LLMCallCache(root / "llm_cache.sqlite")
+    try:
+        return dict(cache.items())
+    finally:
+        cache.close()
+
+
+def _put_calls(root, calls: dict) -> None:
+    from engines.llm_cache import LLMCallCache
+
+    cache = LLMCallCache(root / "llm_cache.sqlite")
+    try:
+        cache.put_many(calls.items())
+    finally:
+        cache.close()
+
+
+def test_calls_are_shared_as_call_packs_each_put_once(bucket, tmp_path, monkeypatch):
+    url = bucket.url("calls")
+    a = on(tmp_path / "a", monkeypatch, url, creating=True)
+    questions_store(a)
+    first = {"a" * 32: _response("Paris"), "b" * 32: _response("Rome")}
+    _put_calls(a, first)
+    push_up(a)
+    packs = [k for k in bucket.keys(url) if k.startswith("callpacks/")]
+    assert len(packs) == 1 and packs[0].endswith(".jsonl.gz")
+    push_up(a)  # nothing new: no second pack
+    assert [k for k in bucket.keys(url) if k.startswith("callpacks/")] == packs
+
+    b = on(tmp_path / "b", monkeypatch, url)  # an empty cache, filled from the bucket, keyed as machine a's
+    assert _cached(b) == first
+    _put_calls(b, {"c" * 32: _response("Oslo")})
+    push_up(b)  # only the call no pack holds
+    new = sorted(set(k for k in bucket.keys(url) if k.startswith("callpacks/")) - set(packs))
+    assert len(new) == 1
+    from tracking.store import callpack
+
+    assert [c["key"] for c in callpack.read(b / new[0]).calls] == ["c" * 32]
+    a = on(tmp_path / "a", monkeypatch, url)
+    assert _cached(a) == {**first, "c" * 32: _response("Oslo")}
+
+
+def test_a_damaged_call_pack_is_one_error_naming_it_and_imports_nothing(bucket, tmp_path, monkeypatch):
+    import gzip
+
+    from tracking.store.objects import StorageError
+
+    url = bucket.url("badcalls")
+    a = on(tmp_path / "a", monkeypatch, url, creating=True)
+    questions_store(a)
+    _put_calls(a, {"d" * 32: _response("Bern")})
+    push_up(a)
+    (key,) = [k for k in bucket.keys(url) if k.startswith("callpacks/")]
+    raw = gzip.decompress((a / key).read_bytes()).replace(b"Bern", b"Bonn")
+    prefix = url.removeprefix(f"s3://{bucket.bucket}/")
+    bucket.client().put_object(Bucket=bucket.bucket, Key=f"{prefix}/callpacks/{'e' * 32}.jsonl.gz",
+                               Body=gzip.compress(raw))
+    with pytest.raises(StorageError, match=rf"{url}/callpacks/{'e' * 32}.jsonl.gz: checksum mismatch"):
+        on(tmp_path / "b", monkeypatch, url)
+    (b,) = (tmp_path / "b" / "stores").iterdir()
+    assert all(r["text"] != "Bonn" for r in _cached(b).values())  # nothing of the damaged pack
+    imported = b / ".remote" / "callpacks.json"
+    assert not imported.exists() or f"{'e' * 32}.jsonl.gz" not in imported.read_text()
