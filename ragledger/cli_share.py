@@ -112,7 +112,7 @@ def cache_export(
     """Write the store's LLM calls (request identity, response, usage, log-probabilities) to a call pack."""
     from engines.llm_cache import LLMCallCache
     from tracking.store import callpack
-    from tracking.store.events import EventStore
+    from tracking.store.events import EventStore, calls_of_segments
 
     store = checked_store(store)
     cache_file = callpack.cache_path(store)
@@ -125,7 +125,7 @@ def cache_export(
                 segments = EventStore(store).segments("generations", experiment)
                 if not segments:
                     fail(f"--experiment {experiment}: no generation records under {Path(store) / 'generations'}")
-                data, head = callpack.build(cache, callpack.calls_of_segments(segments), {"experiment": experiment})
+                data, head = callpack.build(cache, calls_of_segments(segments), {"experiment": experiment})
             else:
                 data, head = callpack.build_all(cache)
         finally:

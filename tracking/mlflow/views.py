@@ -176,9 +176,10 @@ class ExecutionViews:
     def _callpack(self, cache_file: Path, execution: str) -> bytes | None:
         from engines.llm_cache import LLMCallCache
         from tracking.store import callpack
+        from tracking.store.events import calls_of_segments
 
         segs = self._segments("generations") + [Path(f) for f in self.record.get("closed_book_filter_segments") or []]
-        calls = callpack.calls_of_segments(segs)
+        calls = calls_of_segments(segs)
         if not calls:
             return None
         cache = LLMCallCache(cache_file)

@@ -15,7 +15,6 @@ import hashlib
 import json
 import re
 import zlib
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -31,7 +30,6 @@ KEY_PATTERN = re.compile(r"^[0-9a-f]{16,64}$")
 # the fields of engines.llm_types.LLMResponse a cache entry holds (from_cache is set on reading)
 RESPONSE_REQUIRED = ("text", "mean_logprob", "tokens_in", "tokens_out", "latency_ms")
 RESPONSE_FIELDS = frozenset((*RESPONSE_REQUIRED, "retries", "token_logprobs"))
-REQUEST_COLUMNS = ("call_id", "model", "role", "sample_index", "prompt_hash")
 
 
 class CallPackError(ValueError):
@@ -53,23 +51,6 @@ class ImportResult:
 
 def cache_path(store_root: str | Path) -> Path:
     return Path(store_root) / CACHE_FILE
-
-
-def calls_of_segments(segments: Iterable[str | Path]) -> dict[str, dict[str, Any]]:
-    """Cache key -> what was asked (model, role, sample index, prompt hash), over generation segments. The
-    generation records' call_id is the call's cache key (tasks/generate.py)."""
-    from tracking.store.catalog import segment_exists
-    from tracking.store.events import segment_table
-
-    calls: dict[str, dict[str, Any]] = {}
-    for seg in segments:
-        if not seg or not segment_exists(seg):
-            continue
-        table = segment_table(seg, columns=list(REQUEST_COLUMNS))
-        for row in table.to_pylist():
-            key = row.pop("call_id")
-            calls.setdefault(key, row)
-    return calls
 
 
 def build(cache: LLMCallCache, calls: dict[str, dict[str, Any]],

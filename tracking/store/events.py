@@ -39,6 +39,7 @@ from tracking.store.catalog import (
     load_catalog,
     packed_in,
     reading,
+    segment_exists,
     segment_of,
     split_packed,
 )
@@ -91,6 +92,24 @@ def segment_table(path: str | Path, columns: list[str] | None = None) -> pa.Tabl
     """One segment's rows (of `columns`), from its own file or from the pack it was compacted into."""
     pack = packed_in(path)
     return pq.read_table(path, columns=columns) if pack is None else _file_table(pack, {Path(path).name}, columns)
+
+
+# what a call pack records of each call's request (tracking/store/callpack.py)
+REQUEST_COLUMNS = ("call_id", "model", "role", "sample_index", "prompt_hash")
+
+
+def calls_of_segments(segments: Iterable[str | Path]) -> dict[str, dict[str, Any]]:
+    """Cache key -> what was asked (model, role, sample index, prompt hash), over generation segments: the requests
+    of a call pack. The generation records' call_id is the call's cache key (tasks/generate.py). Here, not in
+    callpack.py: the call packs are imported by tracking/store/remote.py, which this module's writes use."""
+    calls: dict[str, dict[str, Any]] = {}
+    for seg in segments:
+        if not seg or not segment_exists(seg):
+            continue
+        for row in segment_table(seg, columns=list(REQUEST_COLUMNS)).to_pylist():
+            key = row.pop("call_id")
+            calls.setdefault(key, row)
+    return calls
 
 
 def read_file(path: str | Path, segments: set[str] | None = None) -> pd.DataFrame:
