@@ -113,10 +113,10 @@ def test_authenticated_services_refuse_strangers_and_serve_a_run(tmp_path):
         # the Prefect server as `ragledger server start` starts it, with its auth string
         prefect_port = free_port()
         server_env = {**base, "PREFECT_SERVER_API_AUTH_STRING": prefect_auth}
+        started.append([RAGLEDGER, "server", "stop"])  # before the start: a start cut short is stopped too
         done = subprocess.run([RAGLEDGER, "server", "start", "--port", str(prefect_port)], cwd=tmp_path,
                               env=server_env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stdout + done.stderr
-        started.append([RAGLEDGER, "server", "stop"])
         api = f"http://127.0.0.1:{prefect_port}/api"
         assert _status(f"{api}/admin/version") == 401
         assert _status(f"{api}/admin/version", basic_auth_header("lab:wrong")) == 401
@@ -136,10 +136,10 @@ def test_authenticated_services_refuse_strangers_and_serve_a_run(tmp_path):
         assert done.returncode == 0, done.stderr
         tls_env = dict(line.removeprefix("export ").split("=", 1) for line in done.stdout.splitlines()
                        if line.startswith("export "))
+        started.append([*script, "stop"])
         done = subprocess.run([*script, "start"], cwd=tmp_path, env=cluster_env, capture_output=True, text=True,
                               timeout=300)
         assert done.returncode == 0, done.stdout + done.stderr
-        started.append([*script, "stop"])
         scheduler = done.stdout.split("--scheduler ")[1].split(")")[0]
         assert scheduler.startswith("tls://127.0.0.1:"), done.stdout
         _scheduler_refuses_strangers(scheduler, tmp_path / "foreign-tls")
