@@ -37,21 +37,23 @@ def test_loopback_rule():
 
 
 def _clean_env(**extra: str) -> dict[str, str]:
-    drop = ("PREFECT_", "MLFLOW_", "DASK_")
+    drop = ("PREFECT_", "MLFLOW_", "DASK_", "VLLM_")
     return {**{k: v for k, v in os.environ.items() if not k.startswith(drop)}, **extra}
 
 
-@pytest.mark.parametrize("service", ["prefect", "mlflow", "dask"])
+@pytest.mark.parametrize("service", ["prefect", "mlflow", "dask", "vllm"])
 def test_binding_beyond_loopback_without_credentials_is_refused(tmp_path, service):
     port = free_port()
     env = _clean_env(PREFECT_HOME=str(tmp_path / "prefect"), RAGLEDGER_MLFLOW_SERVER_DIR=str(tmp_path / "mlflow"),
                      RAGLEDGER_MLFLOW_HOST="0.0.0.0", RAGLEDGER_MLFLOW_PORT=str(port),
-                     RAGLEDGER_DASK_DIR=str(tmp_path / "dask"), RAGLEDGER_DASK_HOST="0.0.0.0")
+                     RAGLEDGER_DASK_DIR=str(tmp_path / "dask"), RAGLEDGER_DASK_HOST="0.0.0.0",
+                     VLLM_HOST="0.0.0.0", VLLM_PORT=str(port))
     command, names = {
         "prefect": ([RAGLEDGER, "server", "start", "--host", "0.0.0.0", "--port", str(port)],
                     "PREFECT_SERVER_API_AUTH_STRING"),
         "mlflow": (["bash", str(REPO / "infra" / "mlflow_server.sh"), "start"], "MLFLOW_TRACKING_USERNAME"),
         "dask": (["bash", str(REPO / "infra" / "dask_cluster.sh"), "start", "--port", str(port)], "TLS certificates"),
+        "vllm": (["bash", str(REPO / "infra" / "vllm_serve.sh")], "VLLM_API_KEY"),
     }[service]
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     lines = done.stderr.strip().splitlines()
