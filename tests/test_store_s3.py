@@ -150,6 +150,29 @@ def test_bad_s3_settings_are_one_error_line_and_write_nothing(lab, s3, tmp_path,
     assert not s3.keys(s3.url("empty").rsplit("-", 1)[0])
 
 
+@pytest.mark.parametrize("command", ["query", "run"])
+def test_wrong_s3_credentials_are_one_error_line_naming_the_service(tmp_path, command):
+    """moto enforcing credentials from its first request (INITIAL_NO_AUTH_ACTION_COUNT=0): a command given a wrong
+    secret key ends in one error line naming the S3 service and the variables, not the key, in bounded time, having
+    written nothing."""
+    if S3Server().lab:
+        pytest.skip("a lab's service: its own credentials decide; wrong ones are shown refused on moto")
+    spec = write_spec(tmp_path, "http://127.0.0.1:9/v1", name="bad")
+    make_data(tmp_path, 2)
+    with S3Server(no_auth_actions=0) as server:
+        env = {**server.env, "RAGLEDGER_HOME": str(tmp_path / "home"), "AWS_SECRET_ACCESS_KEY": "wrong-secret-xyz"}
+        args = ["run", str(spec)] if command == "run" else ["query", "SELECT 1"]
+        started = time.monotonic()
+        proc = cli(tmp_path, *args, "--store", "s3://ragledger-test/p", env=env, timeout=120)
+        seconds = time.monotonic() - started
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert lines[0].startswith("error: --store s3://ragledger-test/p: the S3 service at http://127.0.0.1:"), lines
+    assert "refused the credentials" in lines[0] and "wrong-secret-xyz" not in proc.stdout + proc.stderr
+    assert seconds < 90, seconds
+    assert not (tmp_path / "home" / "stores").exists() and not (tmp_path / ".ragledger").exists()
+
+
 def test_a_second_machine_compacts_and_the_first_reads_the_result(lab, s3, tmp_path):
     """`store compact` on one machine commits the catalog by compare-and-swap and deletes the replaced objects; a
     machine whose mirror still holds the old files reads the same outcomes from the new ones."""
