@@ -174,8 +174,9 @@ def test_wrong_s3_credentials_are_one_error_line_naming_the_service(tmp_path, co
 
 
 def test_a_second_machine_compacts_and_the_first_reads_the_result(lab, s3, tmp_path):
-    """`store compact` on one machine commits the catalog by compare-and-swap and deletes the replaced objects; a
-    machine whose mirror still holds the old files reads the same outcomes from the new ones."""
+    """`store compact` on one machine commits the catalog by compare-and-swap and, once the retention time has passed,
+    a later command deletes the replaced objects; a machine whose mirror still holds the old files reads the same
+    outcomes from the new ones."""
     ws, url = lab
     with ScriptedServer(answer=reader) as server:  # a second experiment, left uncompacted
         spec = write_spec(ws, server.base_url, name="more", compact=False)
@@ -186,6 +187,11 @@ def test_a_second_machine_compacts_and_the_first_reads_the_result(lab, s3, tmp_p
     first = frame(cli(ws, "query", OUTCOMES, "--store", url, "--format", "json", env=machine(s3, ws, "machine-a")))
     compacted = cli(ws, "store", "compact", "--store", url, env=machine(s3, ws, "machine-d"))
     assert compacted.returncode == 0, compacted.stderr[-3000:]
+    kept = [k for k in s3.keys(url) if k.startswith("outcomes/more/")]  # replaced, kept for the retention time
+    assert len(kept) == len(before) + 1, kept
+    again = cli(ws, "store", "compact", "--store", url, env={**machine(s3, ws, "machine-d"),
+                                                              "RAGLEDGER_STORE_RETENTION_S": "0"})
+    assert again.returncode == 0, again.stderr[-3000:]
     after = [k for k in s3.keys(url) if k.startswith("outcomes/more/")]
     assert len(after) == 1 and after[0].split("/")[-1].startswith("pack-")
     assert "compacted/more.json" in s3.keys(url)

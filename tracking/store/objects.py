@@ -217,16 +217,21 @@ class S3Objects:
         return answer["Body"].read(), answer["ETag"].strip('"')
 
     def list(self, prefix: str = "") -> dict[str, str]:
-        out: dict[str, str] = {}
+        return {key: obj["ETag"].strip('"') for key, obj in self._objects(prefix)}
+
+    def modified(self, prefix: str = "") -> dict[str, float]:
+        """Each object's last-modified time (epoch seconds, the service's clock) under `prefix`."""
+        return {key: obj["LastModified"].timestamp() for key, obj in self._objects(prefix)}
+
+    def _objects(self, prefix: str):
         full = self._key(prefix) if prefix else (f"{self.location.prefix}/" if self.location.prefix else "")
         token: dict[str, str] = {}
         while True:
             page = self._call(prefix, "list_objects_v2", Prefix=full, **token)
             for obj in page.get("Contents", []):
-                key = obj["Key"][len(self.location.prefix) + 1:] if self.location.prefix else obj["Key"]
-                out[key] = obj["ETag"].strip('"')
+                yield (obj["Key"][len(self.location.prefix) + 1:] if self.location.prefix else obj["Key"]), obj
             if not page.get("IsTruncated"):
-                return out
+                return
             token = {"ContinuationToken": page["NextContinuationToken"]}
 
     def delete(self, key: str) -> None:

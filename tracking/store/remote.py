@@ -304,13 +304,27 @@ def _key(root: Path, path: Path) -> str:
     return path.relative_to(root).as_posix()
 
 
+def retention_s() -> float:
+    """How long objects a committed catalog made unread stay in the bucket (RAGLEDGER_STORE_RETENTION_S, default an
+    hour): a reader on another machine that listed the store before the commit may still fetch them meanwhile; there
+    are no locks across machines to ask it."""
+    return float(os.environ.get("RAGLEDGER_STORE_RETENTION_S", "3600"))
+
+
 def _collect(root: Path, objects: S3Objects, held: dict[str, str]) -> None:
     """Delete the segments a committed catalog names and the packs it does not (tracking/store/catalog.py: no
-    reader of that catalog reads them)."""
+    reader of that catalog reads them), once that catalog has been in the bucket longer than the retention time;
+    younger ones wait for a later command that collects (a run's end, `store compact`)."""
+    import time
+
+    committed = objects.modified(CATALOG_DIR)
+    cutoff = time.time() - retention_s()
     for key in sorted(held):
         parts = key.split("/")
         if parts[0] not in RECORD_KINDS or len(parts) != 3:
             continue
+        if committed.get(f"{CATALOG_DIR}/{parts[1]}.json", cutoff + 1) > cutoff:
+            continue  # committed too recently (or no catalog): a reader may still need the object
         entry = load_catalog(root, parts[1]).entry(parts[0])
         if entry is None:
             continue
