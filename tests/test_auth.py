@@ -99,8 +99,11 @@ def _run(ws: Path, args: list[str], env: dict[str, str]) -> tuple[subprocess.Com
     return done, time.monotonic() - started
 
 
-@pytest.mark.timeout(900)  # three servers, a TLS cluster whose worker starts its engines, four runs: ~2 min idle
-def test_authenticated_services_refuse_strangers_and_serve_a_run(tmp_path):
+# the run itself through the TLS cluster (its worker starting its engines in a fresh HOME: minutes) in --all, as the
+# other Dask tests; the default tier runs it on the thread runner, the cluster's refusals included
+@pytest.mark.parametrize("through_dask", [False, pytest.param(True, marks=pytest.mark.extended)])
+@pytest.mark.timeout(900)  # three servers, a TLS cluster, four runs
+def test_authenticated_services_refuse_strangers_and_serve_a_run(tmp_path, through_dask):
     prefect_auth = f"lab:{secrets.token_hex(12)}"
     mlflow_user, mlflow_password = "ragledger-lab", f"mlpw-{secrets.token_hex(12)}"
     secret_values = [prefect_auth.split(":", 1)[1], mlflow_password]
@@ -168,12 +171,14 @@ def test_authenticated_services_refuse_strangers_and_serve_a_run(tmp_path):
                 print(f"{service}: wrong credential -> {lines[0]} ({seconds:.1f} s)")
 
             # the spec's relative store: the run hands the workers, each in a folder of its own, its absolute path
-            done, seconds = _run(ws, ["run", str(spec), "--scheduler", scheduler, "--json", str(ws / "s.json")], right)
+            on_cluster = ["--scheduler", scheduler] if through_dask else []
+            done, seconds = _run(ws, ["run", str(spec), *on_cluster, "--json", str(ws / "s.json")], right)
             assert done.returncode == 0, done.stdout + done.stderr
         summary = json.loads((ws / "s.json").read_text())
         assert any((store / "outcomes").rglob("*.parquet")) and not list((tmp_path / "dask").rglob("outcomes"))
         assert summary["tracking_uri"] == mlflow.url and summary.get("mlflow_parent_run_id"), summary
-        print(f"authenticated run through Prefect, MLflow and a TLS Dask scheduler: {seconds:.1f} s")
+        print(f"authenticated run through Prefect, MLflow{' and a TLS Dask scheduler' if through_dask else ''}: "
+              f"{seconds:.1f} s")
 
         # MLflow has it, read with the credentials
         reader_code = (f"import json, mlflow; mlflow.set_tracking_uri({mlflow.url!r}); "
