@@ -110,13 +110,13 @@ def test_the_corpus_is_kept_on_the_machine_for_its_files_as_they_are(tmp_path, m
     spec = parse_spec(make_spec(tmp_path, ["concatenation"]))
     paths = tuple(spec.corpus.paths)
     reads = []
-    real_read = corpus_module.iter_corpus
+    real_read = corpus_module.iter_corpus_batches  # the corpus's one read: in batches (core/datasets.py)
 
     def counting_read(name, paths, shape=None):
         reads.append(paths)
         return real_read(name, paths, shape)
 
-    monkeypatch.setattr(corpus_module, "iter_corpus", counting_read)
+    monkeypatch.setattr(corpus_module, "iter_corpus_batches", counting_read)
 
     def load_uncached() -> corpus_module.Corpus:  # the process's memo aside: only what was kept may spare a read
         return corpus_module._file_corpus(spec.corpus.name, paths, corpus_module._identity(spec.corpus.name, paths))

@@ -67,7 +67,7 @@ def test_every_reader_strategy_runs_on_the_real_model(tmp_path, shared_embedded)
             "retrievers": ["bm25@2"], "readers": [r for r, _ in READERS], "model": MODEL, "execution": {"shard_size": 1}}
     summary = _run(tmp_path, spec)
     store = tmp_path / ".ragledger" / "store"
-    gens = query(store, "SELECT reader, role, qid, parse_status, parsed_answer, output_prob FROM generations")
+    gens = query(store, "SELECT reader, role, qid, output, parse_status, parsed_answer, output_prob FROM generations")
     outcomes = query(store, "SELECT reader, qid, em FROM outcomes")
     for entry, roles in READERS:
         label = _label(entry)
@@ -76,7 +76,10 @@ def test_every_reader_strategy_runs_on_the_real_model(tmp_path, shared_embedded)
         assert mine["qid"].nunique() == 1, label  # the question reached the model
         # the real model's output was read into an answer (a CoT reader's prose without "Answer:" counts: its
         # sentence is the answer, flagged unmarked)
-        assert (mine["parsed_answer"].str.len() > 0).any(), (label, mine["parse_status"].tolist())
+        # (or the model said nothing: on an AVX2 build the 0.5B model answers SuRe's generic summary with the end
+        # marker alone, "[DONE]", which is an empty summary, correctly read as such)
+        said_nothing = (mine["output"].str.replace("[DONE]", "", regex=False).str.strip() == "").all()
+        assert (mine["parsed_answer"].str.len() > 0).any() or said_nothing, (label, mine["parse_status"].tolist())
         assert len(outcomes[outcomes["reader"] == label]) == 1, label
         cell = next(m for name, m in summary["cells"].items() if f"· {label} ·" in name)
         assert 0 <= cell["parse_fail_pct"] <= 100 and not math.isnan(cell["parse_fail_pct"]), label
