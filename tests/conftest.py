@@ -76,6 +76,10 @@ EXTENDED = {
     # two machines through MLflow on PostgreSQL, analyse, trace, extend: the pull over PostgreSQL and a rerun from a
     # pulled store making no call are in test_mlflow_pull.py
     "tests/test_two_machines.py",
+    # a second and third machine through an s3:// store, each with its own runs (~2-3 minutes): two mirrors sharing
+    # calls and committing catalogs are in test_store_remote.py, a run into a bucket read elsewhere in test_store_s3.py
+    "tests/test_store_s3.py::test_a_second_machine_reruns_and_extends_with_the_bucket_s_calls",
+    "tests/test_store_s3.py::test_a_second_machine_compacts_and_the_first_reads_the_result",
 }
 
 
