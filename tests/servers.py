@@ -122,6 +122,15 @@ class S3Server:
                                      region_name=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1"
                                      ).client("s3", endpoint_url=env.get("AWS_ENDPOINT_URL"))
 
+    def point(self, monkeypatch) -> S3Server:
+        """Point this process's AWS variables at this service only (no endpoint, profile or session token of the
+        environment's own left to mix in)."""
+        for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
+            monkeypatch.delenv(name, raising=False)
+        for name, value in self.env.items():
+            monkeypatch.setenv(name, value)
+        return self
+
     def url(self, name: str) -> str:
         """A store URL no other test uses."""
         return f"s3://{self.bucket}/" + "/".join(p for p in (self.prefix, f"{name}-{uuid.uuid4().hex[:8]}") if p)

@@ -27,11 +27,7 @@ def s3():
 
 @pytest.fixture
 def s3_env(s3, monkeypatch):
-    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in s3.env.items():
-        monkeypatch.setenv(name, value)
-    return s3
+    return s3.point(monkeypatch)
 
 
 @pytest.fixture(params=["folder", "s3"])

@@ -23,11 +23,7 @@ def s3():
 
 @pytest.fixture
 def bucket(s3, monkeypatch):
-    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE"):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in s3.env.items():
-        monkeypatch.setenv(name, value)
-    return s3
+    return s3.point(monkeypatch)
 
 
 def on(machine, monkeypatch, url: str, creating: bool = False):
