@@ -100,11 +100,12 @@ def schedule(
     except errors as exc:
         fail(str(exc))
     from ragledger.prefect_env import configure_prefect_home
-    from ragledger.prefect_server import PrefectServerError, start_persistent_server
+    from ragledger.prefect_server import PrefectServerError, check_access, start_persistent_server
 
     configure_prefect_home(Path.cwd())
     try:
         url = os.environ.get("PREFECT_API_URL") or start_persistent_server()[0]
+        check_access(url)
     except PrefectServerError as exc:
         fail(str(exc))
     os.environ["PREFECT_API_URL"] = url
@@ -128,10 +129,13 @@ def runs(
 ) -> None:
     """Recent experiment flow runs (manual and scheduled) with their state and MLflow parent run id."""
     from ragledger.prefect_env import configure_prefect_home
-    from ragledger.prefect_server import PrefectServerError, prefect_api
+    from ragledger.prefect_server import PrefectServerError, check_access, persistent_server_url, prefect_api
 
     configure_prefect_home(Path.cwd())
     try:
+        given = os.environ.get("PREFECT_API_URL") or persistent_server_url()
+        if given:  # an API this command does not start: does it answer, and take this process's credentials?
+            check_access(given)
         with prefect_api() as url:
             rows = _flow_runs(limit, experiment)
     except PrefectServerError as exc:

@@ -61,7 +61,9 @@ ACCESS_TIMEOUT_S = 10.0
 
 def check_access(api_url: str, timeout: float = ACCESS_TIMEOUT_S) -> None:
     """Raise PrefectServerError, in bounded time, when the Prefect API at `api_url` does not answer or refuses this
-    process's credentials (PREFECT_API_AUTH_STRING). /health answers everyone, so an authenticated route is asked."""
+    process's credentials (PREFECT_API_AUTH_STRING). /health answers everyone, so an authenticated route is asked.
+    Called once per command, before it uses an API it did not start (ragledger/running.py check_services, `runs`,
+    `schedule`)."""
     import urllib.error
 
     request = urllib.request.Request(f"{api_url.rstrip('/')}/admin/version")
@@ -215,8 +217,6 @@ def prefect_api(meanwhile: Callable[[], None] | None = None) -> Iterator[str]:
     `meanwhile` (e.g. importing the flow modules: Prefect, pandas, pandera) runs before the block, while a temporary
     server starts when one is needed, so the command waits for the longer of the two rather than their sum."""
     url = os.environ.get("PREFECT_API_URL") or persistent_server_url()
-    if url:  # one this command does not start: does it answer, and take this process's credentials?
-        check_access(url)
     with contextlib.ExitStack() as stack:
         if not url:
             url = stack.enter_context(temporary_server(meanwhile))
