@@ -65,6 +65,32 @@ def test_segments_go_to_the_bucket_as_written_and_catalogs_by_compare_and_swap(b
     assert EventStore(b).segments("questions")[0].name.startswith("pack-")
 
 
+def test_what_a_committed_catalog_made_unread_is_not_fetched_again(bucket, tmp_path, monkeypatch):
+    """While the replaced segments wait out their retention time in the bucket, a mirror holding the catalog that
+    replaced them (the compacting machine's, whose own copies compaction deleted, or any later reader's) fetches the
+    pack only; one whose catalog is older still reads the events."""
+    from tracking.store.objects import s3_objects
+    from tracking.store.remote import pull_down
+
+    url = bucket.url("unread")
+    a = on(tmp_path / "a", monkeypatch, url, creating=True)
+    questions_store(a)
+    old = on(tmp_path / "old", monkeypatch, url)  # a reader that fetched before the compaction
+    compact_experiment(EventStore(a), "exp")
+    monkeypatch.setenv("RAGLEDGER_HOME", str(tmp_path / "a"))
+    push_up(a, collect=True)
+    segment = next(k for k in bucket.keys(url) if k.startswith("questions/exp/seg-"))  # kept for the retention time
+    assert not (a / segment).exists()
+    assert pull_down(a, s3_objects(url)) == 0 and not (a / segment).exists()
+    c = on(tmp_path / "c", monkeypatch, url)
+    assert not (c / segment).exists()
+    assert [p.name[:5] for p in (c / "questions" / "exp").iterdir()] == ["pack-"]
+    assert EventStore(c).read("questions")["qid"].tolist() == ["q1"]
+    assert EventStore(old).read("questions")["qid"].tolist() == ["q1"]  # its listed segment is still there
+    old = on(tmp_path / "old", monkeypatch, url)  # and after its next fetch, it reads the pack
+    assert EventStore(old).segments("questions")[0].name.startswith("pack-")
+
+
 def _response(text: str) -> dict:
     return {"text": text, "mean_logprob": -0.5, "tokens_in": 10, "tokens_out": 2, "latency_ms": 3.0}
 

@@ -165,8 +165,13 @@ def pull_down(root: Path, objects: S3Objects) -> int:
     """Fetch into the mirror what it lacks or holds an older version of; the number of objects fetched."""
     tags = _load_tags(root)
     fetched = 0
-    for key, tag in objects.list().items():
-        if not _durable(key):
+    # catalogs first, then in each folder its pack before its segments ('pack-' < 'seg-'), so that what a held catalog
+    # made unread is not fetched while it waits out its retention time in the bucket (a machine that compacted deleted
+    # its own copies)
+    listing = objects.list()
+    for key in sorted(listing, key=lambda k: (not k.startswith(f"{CATALOG_DIR}/"), k)):
+        tag = listing[key]
+        if not _durable(key) or _unread(root, key):
             continue
         path = root / key
         if _immutable(key) and path.exists():
@@ -181,7 +186,37 @@ def pull_down(root: Path, objects: S3Objects) -> int:
         if not _immutable(key):
             _save_tag(root, key, got[1], data)
         fetched += 1
+    fetched += _fetch_missing_packs(root, objects)
     import_calls(root)
+    return fetched
+
+
+def _unread(root: Path, key: str) -> bool:
+    """Whether a record object is one the mirror's catalog made unread (a compacted segment, a replaced pack), its pack
+    held: a reader of the mirror reads that pack instead."""
+    parts = key.split("/")
+    if parts[0] not in RECORD_KINDS or len(parts) != 3:
+        return False
+    entry = load_catalog(root, parts[1]).entry(parts[0])
+    if entry is None or not (root / parts[0] / parts[1] / entry.pack).exists():
+        return False
+    return parts[2] in entry.segments or (parts[2].startswith("pack-") and parts[2] != entry.pack)
+
+
+def _fetch_missing_packs(root: Path, objects: S3Objects) -> int:
+    """The packs the mirror's catalogs name that it lacks: a catalog committed between the listing and its fetch names
+    a pack the listing did not hold."""
+    fetched = 0
+    for path in (root / CATALOG_DIR).glob("*.json"):
+        catalog = load_catalog(root, path.stem)
+        for kind, entry in catalog.kinds.items():
+            key = f"{kind}/{catalog.experiment}/{entry.pack}"
+            if (root / key).exists():
+                continue
+            got = objects.get(key)
+            if got is not None:
+                atomic_write_bytes(root / key, got[0])
+                fetched += 1
     return fetched
 
 
