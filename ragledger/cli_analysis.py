@@ -159,7 +159,7 @@ def hardest_cmd(
     emit(out, fmt, output, title=f"{experiment}: {len(out)} of {questions} questions failed by all {n_cells} cells")
 
 
-@over_records
+@over_records(writes=True)
 def analyze_cmd(
     experiment: Annotated[str, typer.Argument(help="experiment name")],
     store: StoreOpt = DEFAULT_STORE,

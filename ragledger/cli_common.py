@@ -37,16 +37,17 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
-def checked_store(store: str, creating: bool = False) -> str:
+def checked_store(store: str, creating: bool = False, writing: bool = False) -> str:
     """`--store` must be a ragledger store, or, for a command that makes one (`creating`), a new or empty folder:
-    asked before the command reads or writes anything, one error line naming the folder otherwise. The folder the
+    asked before the command reads or writes anything, one error line naming the folder otherwise (and, for an
+    s3:// store and a command that writes, `writing`, naming credentials that may only read). The folder the
     command then works on: `store` itself, or an s3:// store's local mirror (tracking/store/remote.py)."""
     from tracking.store.identity import NotAStoreError, require_store
     from tracking.store.objects import StorageError
     from tracking.store.remote import local_root
 
     try:
-        root = local_root(store, "--store", creating)
+        root = local_root(store, "--store", creating, writing)
         require_store(root, "--store", creating)
     except (NotAStoreError, StorageError) as exc:
         fail(str(exc))

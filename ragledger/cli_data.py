@@ -160,7 +160,7 @@ def store_compact(
     from tracking.store.events import EventStore
     from tracking.store.objects import StorageError
 
-    store = checked_store(store)
+    store = checked_store(store, writing=True)
     events = EventStore(store)
     known = {e for kind in ("questions", "outcomes", "generations", "retrievals", "votes") for e in events.experiments(kind)}
     unknown = sorted(set(experiment or ()) - known)

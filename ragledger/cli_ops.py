@@ -214,7 +214,7 @@ def sync(
     """Log to MLflow the executions whose MLflow logging is pending (MLflow was down), each exactly once."""
     from tracking.mlflow import sync as mlflow_sync
 
-    store = checked_store(store)
+    store = checked_store(store, writing=True)
     before = len(mlflow_sync.pending_markers(store))
     result = mlflow_sync.sync(store, tracking_uri, everything=all_executions, log=lambda e: console.print(
         f"logged {e['experiment']} execution {e['execution']} to MLflow {e['tracking_uri']}: parent run {e['parent']}, "

@@ -9,7 +9,7 @@ import inspect
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -29,12 +29,15 @@ MlflowPullOpt = Annotated[str | None, typer.Option(
     help="pull the experiment from this MLflow first when the store lacks it (ragledger pull)")]
 
 
-def over_records(command: Callable[..., None]) -> Callable[..., None]:
+def over_records(command: Callable[..., None] | None = None, *, writes: bool = False) -> Any:
     """A command over stored records (query, errors, flips, hardest, analyze, trace): before its body runs, `--store`
-    is checked (a new or empty folder too when the experiment may be pulled into it) and the experiment it names is
+    is checked (a new or empty folder too when the experiment may be pulled into it; for a command that `writes`,
+    an s3:// store's credentials for writing too) and the experiment it names is
     brought from the MLflow at `--mlflow-uri` when the store lacks it (tracking.mlflow.pull.ensure_local); a read
     that fails (tracking.store.ledger.LedgerError, an AnalysisError too) is one error line. So the body only parses,
     reads and prints. What the pull did goes to stderr: a command's CSV or JSON on stdout stays clean."""
+    if command is None:
+        return functools.partial(over_records, writes=writes)
     signature = inspect.signature(command)
 
     @functools.wraps(command)
@@ -43,7 +46,7 @@ def over_records(command: Callable[..., None]) -> Callable[..., None]:
         bound.apply_defaults()
         given = bound.arguments
         # the folder the body reads: `--store` itself, or an s3:// store's mirror (tracking/store/remote.py)
-        given["store"] = _pull_missing(str(given["store"]), given.get("experiment"), given.get("mlflow_uri"))
+        given["store"] = _pull_missing(str(given["store"]), given.get("experiment"), given.get("mlflow_uri"), writes)
         from tracking.store.ledger import LedgerError
 
         try:
@@ -54,8 +57,8 @@ def over_records(command: Callable[..., None]) -> Callable[..., None]:
     return run
 
 
-def _pull_missing(store: str, experiment: str | None, mlflow_uri: str | None) -> str:
-    store = checked_store(store, creating=bool(experiment and mlflow_uri))
+def _pull_missing(store: str, experiment: str | None, mlflow_uri: str | None, writes: bool = False) -> str:
+    store = checked_store(store, creating=bool(experiment and mlflow_uri), writing=writes)
     if not experiment:
         return store
     from tracking.mlflow.pull import PullError, ensure_local

@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -171,6 +172,56 @@ def test_wrong_s3_credentials_are_one_error_line_naming_the_service(tmp_path, co
     assert "refused the credentials" in lines[0] and "wrong-secret-xyz" not in proc.stdout + proc.stderr
     assert seconds < 90, seconds
     assert not (tmp_path / "home" / "stores").exists() and not (tmp_path / ".ragledger").exists()
+
+
+def _users(server: S3Server, policies: dict[str, list[str]]) -> dict[str, dict[str, str]]:
+    """IAM users of moto's server, each allowed the S3 `policies` actions: their AWS variables, by name."""
+    import boto3
+
+    iam = boto3.session.Session(aws_access_key_id="setup", aws_secret_access_key="setup",
+                                region_name="us-east-1").client("iam", endpoint_url=server.endpoint)
+    users = {}
+    for user, actions in policies.items():
+        iam.create_user(UserName=user)
+        policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": actions, "Resource": "*"}]}
+        iam.put_user_policy(UserName=user, PolicyName=user, PolicyDocument=json.dumps(policy))
+        key = iam.create_access_key(UserName=user)["AccessKey"]
+        users[user] = {**server.env, "AWS_ACCESS_KEY_ID": key["AccessKeyId"], "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"]}
+    return users
+
+
+def test_read_only_credentials_read_and_a_command_that_writes_refuses_them(tmp_path):
+    """moto enforcing IAM once the bucket and two users are made: a key whose policy allows reading only reads the
+    store (`query`); `run`, `store compact`, `sync` and `analyze` with it end in one error line naming the store and
+    the missing write permission, before anything is written (no object in the bucket, no mirror on the machine)."""
+    if S3Server().lab:
+        pytest.skip("a lab's service: its own policies decide; a read-only key is shown refused on moto")
+    make_data(tmp_path, 4)
+    with S3Server(no_auth_actions=7) as server:  # the bucket, then 3 requests per user, are made without credentials
+        server.client().create_bucket(Bucket=server.bucket)
+        users = _users(server, {"writer": ["s3:*"], "reader": ["s3:GetObject", "s3:ListBucket"]})
+        server.env = users["writer"]  # the test's own listing
+        url = server.url("ro")
+        with ScriptedServer(answer=reader) as model:
+            made = cli(tmp_path, "run", str(write_spec(tmp_path, model.base_url, name="exp")), "--store", url,
+                       env={**users["writer"], "RAGLEDGER_HOME": str(tmp_path / "writer")})
+            assert made.returncode == 0, made.stderr[-3000:]
+            held = server.keys(url)
+            home = tmp_path / "reader"
+            reading = {**users["reader"], "RAGLEDGER_HOME": str(home)}
+            outcomes = frame(cli(tmp_path, "query", OUTCOMES, "--store", url, "--format", "json", env=reading))
+            assert len(outcomes) == 8
+            shutil.rmtree(home)
+            spec = write_spec(tmp_path, model.base_url, name="other")
+            calls = model.calls
+            for args in (["run", str(spec)], ["store", "compact"], ["sync"], ["analyze", "exp", "--no-mlflow"]):
+                proc = cli(tmp_path, *args, "--store", url, env=reading)
+                lines = proc.stderr.strip().splitlines()
+                assert proc.returncode == 2 and len(lines) == 1, (args, proc.stderr[-2000:])
+                assert lines[0] == (f"error: --store {url}: the credentials in AWS_ACCESS_KEY_ID may read this store "
+                                    "but not write to it (AccessDenied); this command writes"), (args, lines)
+                assert server.keys(url) == held and not home.exists(), args
+            assert model.calls == calls  # the refused run asked the model nothing
 
 
 def test_a_second_machine_compacts_and_the_first_reads_the_result(lab, s3, tmp_path):

@@ -29,6 +29,7 @@ S3_SCHEME = "s3://"
 CONNECT_TIMEOUT_S = 5
 READ_TIMEOUT_S = 30
 ATTEMPTS = 2
+WRITE_CHECK = ".ragledger-write-check"  # the key a write permission is asked on; never written (S3Objects.check_writable)
 
 
 class StorageError(ValueError):
@@ -197,6 +198,32 @@ class S3Objects:
     def check(self) -> None:
         """The bucket is there and the credentials are taken (one cheap request); StorageError otherwise."""
         self._call("", "list_objects_v2", Prefix=self._key(""), MaxKeys=1)
+
+    def check_writable(self) -> None:
+        """These credentials may write under the prefix, asked without writing anything: a PutObject conditional on a
+        tag no object has (If-Match) is refused for want of the object (NoSuchKey, or 412) where writing is allowed,
+        and with AccessDenied where it is not. StorageError (one line) for credentials that may only read, and for a
+        service that ignores the condition (the store's compare-and-swap relies on it)."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        where = f"{self.what} {self.location.url}"
+        try:
+            self.client.put_object(Bucket=self.location.bucket, Key=self._key(WRITE_CHECK), Body=b"",
+                                   IfMatch='"ragledger-write-check"')
+        except ClientError as exc:
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            if code in ("NoSuchKey", "404", "PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
+                return
+            if code in ("AccessDenied", "403"):
+                raise StorageError(f"{where}: the credentials in AWS_ACCESS_KEY_ID may read this store but not write "
+                                   "to it (AccessDenied); this command writes") from None
+            raise self._failed(exc) from None
+        except BotoCoreError as exc:
+            raise self._failed(exc) from None
+        self.delete(WRITE_CHECK)
+        at = f" at {endpoint()}" if endpoint() else ""
+        raise StorageError(f"{where}: the S3 service{at} ignored a conditional write (If-Match), which the store's "
+                           "compare-and-swap needs")
 
     def put_new(self, key: str, data: bytes) -> bool:
         try:

@@ -141,10 +141,11 @@ def _objects(url: str) -> S3Objects:
     return s3_objects(url)
 
 
-def open_remote(url: str, what: str = "--store", creating: bool = False) -> Path:
+def open_remote(url: str, what: str = "--store", creating: bool = False, writing: bool = False) -> Path:
     """The mirror of the store at `url`, brought up to date: NotAStoreError or StorageError (one line each, naming
     the URL) unless the bucket is reachable and the prefix holds a store, or, for a command that makes one
-    (`creating`), nothing yet or only a store's own names."""
+    (`creating`), nothing yet or only a store's own names; and, for a command that writes (`writing`, or
+    `creating`), unless the credentials may write there. Nothing is written before these are known."""
     objects = s3_objects(url, what)
     keys = list(objects.list())
     check = classify(_KeyListing(keys))
@@ -153,6 +154,8 @@ def open_remote(url: str, what: str = "--store", creating: bool = False) -> Path
             raise NotAStoreError(f"{what} {url}: not a ragledger store: it holds {', '.join(check.foreign[:3])} and no "
                                  "records, run manifests or call cache")
         raise NotAStoreError(f"{what} {url}: not a ragledger store: it holds no records or run manifests")
+    if creating or writing:
+        objects.check_writable()
     root = mirror_root(url)
     (root / StoreLayout.REMOTE).mkdir(parents=True, exist_ok=True)
     atomic_write_text(root / StoreLayout.REMOTE / ORIGIN, json.dumps({"url": url.rstrip("/")}))
@@ -367,11 +370,12 @@ def _collect(root: Path, objects: S3Objects, held: dict[str, str]) -> None:
             objects.delete(key)
 
 
-def local_root(location: str | os.PathLike[str], what: str = "--store", creating: bool = False) -> str:
+def local_root(location: str | os.PathLike[str], what: str = "--store", creating: bool = False,
+               writing: bool = False) -> str:
     """The folder a command reads or writes for a store named by a path or a URL: the path itself, or an s3://
-    store's mirror brought up to date."""
+    store's mirror brought up to date (`writing`: the credentials checked for writes too)."""
     text = os.fspath(location)
-    return str(open_remote(text, what, creating)) if is_s3_url(text) else text
+    return str(open_remote(text, what, creating, writing)) if is_s3_url(text) else text
 
 
 __all__ = ["ConflictError", "StorageError", "import_calls", "local_root", "open_remote", "publish_calls", "pull_down",
