@@ -126,6 +126,27 @@ def _basic_auth(base: Path, env: dict[str, str]) -> list[str]:
     return ["--app-name", "basic-auth"]
 
 
+def _artifacts_destination(base: Path) -> tuple[str, dict[str, str]]:
+    """Where the server keeps the artifacts clients upload through it (RAGLEDGER_MLFLOW_ARTIFACTS): a folder (made
+    here), or an s3:// URL on any S3-compatible service, which every machine's MLflow server may share. A bucket is
+    asked now, through the standard AWS variables (a missing bucket or refused credentials: MlflowServerError, one
+    line naming the URL), and its endpoint reaches MLflow as MLFLOW_S3_ENDPOINT_URL; the credentials stay in the
+    server's environment. With the server proxying artifacts, clients need no S3 credentials at all."""
+    from tracking.store.objects import StorageError, endpoint, is_s3_url, s3_objects
+
+    given = os.environ.get("RAGLEDGER_MLFLOW_ARTIFACTS") or str(base / "artifacts")
+    if not is_s3_url(given):
+        folder = Path(given).resolve()
+        folder.mkdir(parents=True, exist_ok=True)
+        return str(folder), {}
+    try:
+        s3_objects(given, "RAGLEDGER_MLFLOW_ARTIFACTS").check()
+    except StorageError as exc:
+        raise MlflowServerError(str(exc)) from None
+    own = "MLFLOW_S3_ENDPOINT_URL" in os.environ or not endpoint()  # MLflow's own setting, or AWS itself
+    return given.rstrip("/"), ({} if own else {"MLFLOW_S3_ENDPOINT_URL": str(endpoint())})
+
+
 def start(port: int = 5001, timeout_s: float = 180.0, host: str = "127.0.0.1") -> tuple[str, bool]:
     """Start the server in the background (idempotent), bound to `host`. Returns (url, started_now)."""
     authenticated = all(os.environ.get(name) for name in AUTH_ENV)
@@ -133,14 +154,13 @@ def start(port: int = 5001, timeout_s: float = 180.0, host: str = "127.0.0.1") -
     url = status()
     if url:
         return url, False
+    base = state_dir()
+    artifacts, artifacts_env = _artifacts_destination(base)  # a bucket refused before anything is made
     pg = PgSettings.from_env()
     ensure_database(pg)
-    base = state_dir()
     base.mkdir(parents=True, exist_ok=True)
-    artifacts = Path(os.environ.get("RAGLEDGER_MLFLOW_ARTIFACTS", base / "artifacts")).resolve()
-    artifacts.mkdir(parents=True, exist_ok=True)
     url = f"http://{local_address(host)}:{port}"
-    env = {**os.environ, "MLFLOW_BACKEND_STORE_URI": pg.uri}
+    env = {**os.environ, "MLFLOW_BACKEND_STORE_URI": pg.uri, **artifacts_env}
     if os.environ.get("RAGLEDGER_PG_PASSWORD"):
         env["PGPASSWORD"] = os.environ["RAGLEDGER_PG_PASSWORD"]
     env.pop("RAGLEDGER_PG_PASSWORD", None)
@@ -149,7 +169,7 @@ def start(port: int = 5001, timeout_s: float = 180.0, host: str = "127.0.0.1") -
     with open(log, "ab") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "mlflow", "server", "--host", host, "--port", str(port), "--workers", "1",
-             "--serve-artifacts", "--artifacts-destination", str(artifacts), *auth_args],
+             "--serve-artifacts", "--artifacts-destination", artifacts, *auth_args],
             env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + timeout_s
     while not _healthy(url):
@@ -160,7 +180,7 @@ def start(port: int = 5001, timeout_s: float = 180.0, host: str = "127.0.0.1") -
             raise MlflowServerError(f"mlflow server did not answer at {url} within {timeout_s:.0f} s; see {log}")
         time.sleep(0.5)
     (base / "server.json").write_text(json.dumps({"pid": proc.pid, "url": url, "backend": pg.uri,
-                                                  "artifacts": str(artifacts), "log": str(log),
+                                                  "artifacts": artifacts, "log": str(log),
                                                   "auth": "basic-auth" if authenticated else None}))
     return url, True
 

@@ -83,6 +83,9 @@ EXTENDED = {
     # two writers, a compactor and a reader on one bucket at once (~4 minutes): compare-and-swap and what a catalog made
     # unread are in test_store_remote.py
     "tests/test_store_s3_concurrent.py",
+    # MLflow's artifacts in a bucket (a second MLflow server, ~2 minutes): proxied artifacts on a folder and a pull over
+    # PostgreSQL are in test_mlflow_postgres.py and test_mlflow_pull.py
+    "tests/test_mlflow_s3_artifacts.py",
 }
 
 

@@ -22,9 +22,10 @@ class MlflowServer:
     """The project's MLflow tracking server (infra/mlflow_server.sh) on a fresh PostgreSQL database of its own, on a
     free port; it can be stopped and started again on the same port and database. `password`, when given, reaches
     the server through its environment only (the secrets test looks for it everywhere else); `auth`, when given, is
-    the user and password of its basic-auth app."""
+    the user and password of its basic-auth app; `env`, more of the server's environment."""
 
-    def __init__(self, server_dir: Path, password: str | None = None, auth: tuple[str, str] | None = None):
+    def __init__(self, server_dir: Path, password: str | None = None, auth: tuple[str, str] | None = None,
+                 env: dict[str, str] | None = None):
         self.db = f"ragledger_test_{uuid.uuid4().hex[:8]}"
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -35,6 +36,7 @@ class MlflowServer:
             self.env["RAGLEDGER_PG_PASSWORD"] = password
         if auth is not None:  # MLflow's basic-auth app, `auth` its admin user (ragledger/mlflow_server.py)
             self.env["MLFLOW_TRACKING_USERNAME"], self.env["MLFLOW_TRACKING_PASSWORD"] = auth
+        self.env.update(env or {})  # e.g. RAGLEDGER_MLFLOW_ARTIFACTS and the AWS variables of an S3 artifact root
 
     def _script(self, command: str, timeout: int = 300) -> subprocess.CompletedProcess:
         return subprocess.run(["bash", str(REPO / "infra" / "mlflow_server.sh"), command], env=self.env,
