@@ -20,5 +20,10 @@ def scheduled_experiment(spec_dict: dict, store_root: str, tracking_uri: str, ru
                          workers: int | None = None) -> dict:
     """What a `ragledger schedule` deployment runs: the experiment (or, for a list of datasets, the sweep) as a
     subflow, on the runner asked for (a deployment re-imports its flow by entrypoint, so the task runner is
-    chosen here, at run time)."""
-    return run_spec(parse_spec(spec_dict), store_root, tracking_uri=tracking_uri, runner=runner, workers=workers)
+    chosen here, at run time), into the store at `store_root`: a folder, or an s3:// URL, read and written through
+    this machine's mirror of it, brought up to date at each run (tracking/store/remote.py)."""
+    from tracking.store.remote import local_root, pushed
+
+    root = local_root(store_root, "--store", creating=True)
+    with pushed(root):
+        return run_spec(parse_spec(spec_dict), root, tracking_uri=tracking_uri, runner=runner, workers=workers)

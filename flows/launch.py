@@ -12,7 +12,6 @@ the Prefect API server it starts) comes in as a `Host`.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -52,16 +51,10 @@ def launch(spec: AnySpec, options: RunOptions, host: Host) -> dict[str, Any]:
     """The run summary of `spec` (a sweep's: one per experiment), answered from the store or run. Raises the
     errors of the inputs (before anything is written) and of the run."""
     preflight(spec, host.say)
-    from tracking.store.remote import push_up
+    from tracking.store.remote import pushed
 
-    try:
-        summary = _launched(spec, options, host)
-    except BaseException:
-        with contextlib.suppress(Exception):  # what the run did write goes to the bucket; its own error is the one told
-            push_up(options.store_root)
-        raise
-    push_up(options.store_root, collect=True)  # a store at an s3:// URL: manifests, packs, catalog (none for a folder)
-    return summary
+    with pushed(options.store_root):  # a store at an s3:// URL: manifests, packs, catalog, calls (none for a folder)
+        return _launched(spec, options, host)
 
 
 def _launched(spec: AnySpec, options: RunOptions, host: Host) -> dict[str, Any]:

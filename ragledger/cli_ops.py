@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 
 from flows.launch import preflight
 from ragledger.cli_common import DEFAULT_STORE, checked_store, console, fail, usage_error, user_errors
+
+if TYPE_CHECKING:
+    from schemas.spec import AnySpec
 
 server_app = typer.Typer(help="The long-running local Prefect server (schedules, flow-run history, Prefect UI).",
                          no_args_is_help=True)
@@ -65,7 +68,7 @@ def schedule(
     cron: Annotated[str | None, typer.Option(help='cron expression, e.g. "0 3 * * *" (03:00 every day)')] = None,
     interval: Annotated[float | None, typer.Option(help="or: every N seconds")] = None,
     name: Annotated[str | None, typer.Option(help="deployment name (default: the spec's name)")] = None,
-    store: Annotated[str | None, typer.Option(help="event store directory (overrides tracking.store)")] = None,
+    store: Annotated[str | None, typer.Option(help="event store directory or s3:// URL (overrides tracking.store)")] = None,
     runner: Annotated[str | None, typer.Option(help="task runner of the scheduled runs: thread or dask")] = None,
     workers: Annotated[int | None, typer.Option(help="Dask worker processes")] = None,
 ) -> None:
@@ -74,9 +77,41 @@ def schedule(
     The spec is read now and frozen into the deployment's parameters; relative store and MLflow paths are
     made absolute, so the scheduled runs write where `ragledger run` here would.
     """
-    from schemas.spec import load_spec
+    spec, store_location = _checked_schedule(spec_path, cron, interval, runner, store)
+    from ragledger.prefect_env import configure_prefect_home
+    from ragledger.prefect_server import PrefectServerError, check_access, start_persistent_server
 
-    errors = user_errors()
+    configure_prefect_home(Path.cwd())
+    try:
+        url = os.environ.get("PREFECT_API_URL") or start_persistent_server()[0]
+        check_access(url)
+    except PrefectServerError as exc:
+        fail(str(exc))
+    os.environ["PREFECT_API_URL"] = url
+    from flows.experiment import scheduled_experiment
+    from tracking.mlflow.log import resolve_tracking_uri
+
+    params = {"spec_dict": spec.model_dump(), "store_root": store_location,
+              "tracking_uri": resolve_tracking_uri(spec.tracking.mlflow_uri), "runner": runner, "workers": workers}
+    deployment = name or spec.name
+    when = f"cron {cron!r}" if cron else f"every {interval:g} s"
+    console.print(f"serving deployment [cyan]ragledger-scheduled/{deployment}[/] ({when}) on {url}; "
+                      "Ctrl-C stops the schedule; `ragledger runs` lists its runs")
+    scheduled_experiment.serve(name=deployment, cron=cron, interval=interval, parameters=params,
+                               tags=["ragledger", spec.name], print_starting_message=False,
+                               limit=1)  # one run at a time: a slow run delays the next instead of overlapping it
+
+
+def _checked_schedule(spec_path: Path, cron: str | None, interval: float | None, runner: str | None,
+                      store: str | None) -> tuple[AnySpec, str]:
+    """The spec and the store its scheduled runs write (an s3:// URL as it is, a folder made absolute), everything
+    checked now, not at the first run: the inputs, the options, and where the runs write (`ragledger run`'s checks).
+    A bad one ends the command with one error line."""
+    from ragledger.locations import check_run_locations
+    from schemas.spec import load_spec
+    from tracking.store.objects import is_s3_url
+    from tracking.store.remote import local_root
+
     try:
         spec = load_spec(spec_path)
         preflight(spec)
@@ -93,34 +128,11 @@ def schedule(
                 raise usage_error(f"--cron: {exc}") from None
         if runner not in (None, "thread", "dask"):
             raise usage_error(f"--runner: unknown runner {runner!r} (thread, dask)")
-        from ragledger.locations import check_run_locations
-
-        # the scheduled runs write where `ragledger run` here would: checked now, not at the first run
-        check_run_locations(spec, store or spec.tracking.store, "--store" if store else "tracking.store", Path.cwd())
-    except errors as exc:
+        given, what = store or spec.tracking.store, "--store" if store else "tracking.store"
+        check_run_locations(spec, local_root(given, what, creating=True), what, Path.cwd())
+    except user_errors() as exc:
         fail(str(exc))
-    from ragledger.prefect_env import configure_prefect_home
-    from ragledger.prefect_server import PrefectServerError, check_access, start_persistent_server
-
-    configure_prefect_home(Path.cwd())
-    try:
-        url = os.environ.get("PREFECT_API_URL") or start_persistent_server()[0]
-        check_access(url)
-    except PrefectServerError as exc:
-        fail(str(exc))
-    os.environ["PREFECT_API_URL"] = url
-    from flows.experiment import scheduled_experiment
-    from tracking.mlflow.log import resolve_tracking_uri
-
-    params = {"spec_dict": spec.model_dump(), "store_root": str(Path(store or spec.tracking.store).resolve()),
-              "tracking_uri": resolve_tracking_uri(spec.tracking.mlflow_uri), "runner": runner, "workers": workers}
-    deployment = name or spec.name
-    when = f"cron {cron!r}" if cron else f"every {interval:g} s"
-    console.print(f"serving deployment [cyan]ragledger-scheduled/{deployment}[/] ({when}) on {url}; "
-                      "Ctrl-C stops the schedule; `ragledger runs` lists its runs")
-    scheduled_experiment.serve(name=deployment, cron=cron, interval=interval, parameters=params,
-                               tags=["ragledger", spec.name], print_starting_message=False,
-                               limit=1)  # one run at a time: a slow run delays the next instead of overlapping it
+    return spec, given if is_s3_url(given) else str(Path(given).resolve())
 
 
 def runs(

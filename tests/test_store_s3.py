@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 
 from tests.fakes.openai_server import ScriptedServer
 from tests.servers import S3Server, free_port
@@ -174,20 +175,35 @@ def test_wrong_s3_credentials_are_one_error_line_naming_the_service(tmp_path, co
     assert not (tmp_path / "home" / "stores").exists() and not (tmp_path / ".ragledger").exists()
 
 
-def _users(server: S3Server, policies: dict[str, list[str]]) -> dict[str, dict[str, str]]:
-    """IAM users of moto's server, each allowed the S3 `policies` actions: their AWS variables, by name."""
-    import boto3
+def test_a_scheduled_run_writes_into_the_bucket(lab, s3, tmp_path):
+    """What a `ragledger schedule` deployment runs (flows/experiment.py `scheduled_experiment`), given an s3:// store:
+    the run goes through this machine's mirror into the bucket, and another machine reads its outcomes; `schedule`
+    checks the URL before it serves (a bucket that is not there: one error line)."""
+    import subprocess
+    import sys
 
-    iam = boto3.session.Session(aws_access_key_id="setup", aws_secret_access_key="setup",
-                                region_name="us-east-1").client("iam", endpoint_url=server.endpoint)
-    users = {}
-    for user, actions in policies.items():
-        iam.create_user(UserName=user)
-        policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": actions, "Resource": "*"}]}
-        iam.put_user_policy(UserName=user, PolicyName=user, PolicyDocument=json.dumps(policy))
-        key = iam.create_access_key(UserName=user)["AccessKey"]
-        users[user] = {**server.env, "AWS_ACCESS_KEY_ID": key["AccessKeyId"], "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"]}
-    return users
+    from tests.test_reliability import prefect_env
+
+    ws, url = lab
+    local = frame(cli(ws, "query", OUTCOMES, "--store", str(ws / "local"), "--format", "json"))
+    with ScriptedServer(answer=reader) as server:
+        spec = yaml.safe_load(write_spec(ws, server.base_url, name="scheduled").read_text())
+        code = ("import sys, json; from flows.experiment import scheduled_experiment; "
+                "scheduled_experiment(json.loads(sys.argv[1]), sys.argv[2], 'sqlite:///' + sys.argv[3])")
+        env = {**prefect_env(), **machine(s3, tmp_path, "scheduler"), "RAGLEDGER_INDEX_DIR": str(ws / "indexes")}
+        done = subprocess.run([sys.executable, "-c", code, json.dumps(spec), url, str(tmp_path / "mlflow.db")],
+                              cwd=ws, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert any(k.startswith("outcomes/scheduled/") for k in s3.keys(url))
+    query = OUTCOMES.replace("FROM outcomes", "FROM outcomes WHERE experiment = 'scheduled'")
+    remote = frame(cli(ws, "query", query, "--store", url, "--format", "json", env=machine(s3, tmp_path, "reader")))
+    pd.testing.assert_frame_equal(remote, local)
+
+    refused = cli(ws, "schedule", str(ws / "scheduled.yaml"), "--interval", "60", "--store",
+                  "s3://no-such-bucket-here/p", env=machine(s3, tmp_path, "scheduler"))
+    lines = refused.stderr.strip().splitlines()
+    assert refused.returncode == 2 and len(lines) == 1, refused.stderr[-2000:]
+    assert lines[0].startswith("error: --store s3://no-such-bucket-here/p: no bucket 'no-such-bucket-here'"), lines
 
 
 def test_read_only_credentials_read_and_a_command_that_writes_refuses_them(tmp_path):
@@ -199,7 +215,7 @@ def test_read_only_credentials_read_and_a_command_that_writes_refuses_them(tmp_p
     make_data(tmp_path, 4)
     with S3Server(no_auth_actions=7) as server:  # the bucket, then 3 requests per user, are made without credentials
         server.client().create_bucket(Bucket=server.bucket)
-        users = _users(server, {"writer": ["s3:*"], "reader": ["s3:GetObject", "s3:ListBucket"]})
+        users = server.iam_users({"writer": ["s3:*"], "reader": ["s3:GetObject", "s3:ListBucket"]})
         server.env = users["writer"]  # the test's own listing
         url = server.url("ro")
         with ScriptedServer(answer=reader) as model:

@@ -25,10 +25,12 @@ the tags of the updated files as last seen.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import threading
+from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
 
@@ -338,6 +340,20 @@ def push_up(root: str | Path, collect: bool = False) -> int:
     return put
 
 
+@contextlib.contextmanager
+def pushed(root: str | Path) -> Iterator[None]:
+    """Around a command that writes the store at `root`: at its end, what it wrote goes to the bucket and the objects
+    committed catalogs made unread are collected; when it fails, what it did write still goes (its own error is the
+    one raised). Nothing for a folder store."""
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(Exception):
+            push_up(root)
+        raise
+    push_up(root, collect=True)
+
+
 def _key(root: Path, path: Path) -> str:
     return path.relative_to(root).as_posix()
 
@@ -379,4 +395,4 @@ def local_root(location: str | os.PathLike[str], what: str = "--store", creating
 
 
 __all__ = ["ConflictError", "StorageError", "import_calls", "local_root", "open_remote", "publish_calls", "pull_down",
-           "push_up", "put_segment", "remote_of"]
+           "push_up", "pushed", "put_segment", "remote_of"]
