@@ -86,6 +86,25 @@ EXTENDED = {
     # MLflow's artifacts in a bucket (a second MLflow server, ~2 minutes): proxied artifacts on a folder and a pull over
     # PostgreSQL are in test_mlflow_postgres.py and test_mlflow_pull.py
     "tests/test_mlflow_s3_artifacts.py",
+    # read-only S3 credentials refused by each writing command (~1 minute): the write check on moto with IAM users is
+    # in test_store_objects.py; a scheduled run into a bucket: test_store_s3.py's run into a bucket
+    "tests/test_store_s3.py::test_read_only_credentials_read_and_a_command_that_writes_refuses_them",
+    "tests/test_store_s3.py::test_a_scheduled_run_writes_into_the_bucket",
+    # three servers with credentials, a TLS Dask cluster and four runs (~3 minutes): each server's refusal of a missing
+    # credential and its start beyond loopback are the other tests of test_auth.py
+    "tests/test_auth.py::test_authenticated_services_refuse_strangers_and_serve_a_run",
+    # the embedded model at more sizes: every reader strategy on it (REFEED's log-probabilities included) and every
+    # retriever that calls it stay in test_real_model_strategies.py
+    "tests/test_integration_embedded.py::test_refeed_log_probabilities_come_from_the_real_embedded_model",
+    "tests/test_real_model_prefix_reuse.py",
+    "tests/test_real_model_sure_rounds.py",
+    # MLflow down: stopped while logging, then logged once by the next run, stays in the default tier
+    "tests/test_mlflow_pending.py::test_mlflow_stopped_before_the_run_then_sync_logs_it_exactly_once",
+    "tests/test_mlflow_pending.py::test_a_kill_while_logging_is_completed_by_sync_and_sync_all_rebuilds_mlflow",
+    # compaction before MLflow logged: sync and pull of a compacted store are in test_mlflow_pull.py and test_compaction.py
+    "tests/test_compaction.py::test_an_experiment_compacted_before_mlflow_logged_it_is_synced_then_pulled_into_a_second_store",
+    # a whole run on a Pyserini-built index: its passages read from the index in test_corpus_sources.py's other tests
+    "tests/test_corpus_sources.py::test_a_run_on_a_pyserini_index_gives_the_outcomes_of_a_run_on_its_passage_file",
 }
 
 

@@ -124,6 +124,25 @@ class S3Server:
                                      region_name=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1"
                                      ).client("s3", endpoint_url=env.get("AWS_ENDPOINT_URL"))
 
+    def iam_users(self, policies: dict[str, list[str]]) -> dict[str, dict[str, str]]:
+        """IAM users of moto's server, each allowed the S3 actions its `policies` entry lists: each user's AWS
+        variables, by name. Three requests a user, made before moto enforces credentials (`no_auth_actions`)."""
+        import json
+
+        import boto3
+
+        iam = boto3.session.Session(aws_access_key_id="setup", aws_secret_access_key="setup",
+                                    region_name="us-east-1").client("iam", endpoint_url=self.endpoint)
+        users = {}
+        for user, actions in policies.items():
+            iam.create_user(UserName=user)
+            policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": actions, "Resource": "*"}]}
+            iam.put_user_policy(UserName=user, PolicyName=user, PolicyDocument=json.dumps(policy))
+            key = iam.create_access_key(UserName=user)["AccessKey"]
+            users[user] = {**self.env, "AWS_ACCESS_KEY_ID": key["AccessKeyId"],
+                           "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"]}
+        return users
+
     def point(self, monkeypatch) -> S3Server:
         """Point this process's AWS variables at this service only (no endpoint, profile or session token of the
         environment's own left to mix in)."""

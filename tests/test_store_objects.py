@@ -109,3 +109,27 @@ def test_wrong_credentials_are_refused_without_showing_them(monkeypatch):
     assert message.startswith("--store s3://ragledger-test/p: the S3 service at http://127.0.0.1:")
     assert "refused the credentials" in message
     assert "wrong-secret-xyz" not in message and "ragledger-test-key" not in message
+
+
+def test_a_key_that_may_only_read_is_told_before_anything_is_written(monkeypatch):
+    """moto enforcing IAM once the bucket and two users are made: the write check passes for a key that may write
+    and refuses one that may only read (which still lists), and writes nothing either way."""
+    if S3Server().lab:
+        pytest.skip("a lab's service: its own policies decide; a read-only key is shown refused on moto")
+    with S3Server(no_auth_actions=7) as server:  # the bucket, then 3 requests per user, without credentials
+        server.client().create_bucket(Bucket=server.bucket)
+        users = server.iam_users({"writer": ["s3:*"], "reader": ["s3:GetObject", "s3:ListBucket"]})
+        url = server.url("rw")
+        for name, value in users["writer"].items():
+            monkeypatch.setenv(name, value)
+        S3Objects(parse_s3_url(url)).check_writable()
+        server.env = users["writer"]  # the test's own listing
+        for name, value in users["reader"].items():
+            monkeypatch.setenv(name, value)
+        reader = S3Objects(parse_s3_url(url))
+        reader.check()
+        with pytest.raises(StorageError) as exc:
+            reader.check_writable()
+        assert server.keys(url) == []
+    assert str(exc.value) == (f"--store {url}: the credentials in AWS_ACCESS_KEY_ID may read this store but not write "
+                              "to it (AccessDenied); this command writes")
