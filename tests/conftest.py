@@ -67,7 +67,14 @@ SLOW = {
 # says what the default tier checks in its place. Same form as SLOW.
 EXTENDED = {
     "tests/test_vllm_server.py",  # vLLM's CPU build (installed by --all): the openai dialects replayed in test_server_dialects
-    "tests/test_soak.py",  # 20 experiments four at a time: test_reliability.py -k four_experiments
+    # 20 experiments four at a time, and four at once on one store and MLflow: several runs on one store at once in
+    # test_compaction.py (a reader during compaction) and test_store_remote.py (two machines' mirrors)
+    "tests/test_soak.py",
+    "tests/test_reliability.py::test_four_experiments_at_once_on_one_store_and_mlflow",
+    # every reader strategy through the flow on scripted answers: each strategy's rules in test_readers_seeds.py and
+    # REFEED's modules through the flow here, every reader through the flow on the real model in
+    # test_real_model_strategies.py
+    "tests/test_flow_readers.py::test_every_seed_strategy_through_the_flow",
     "tests/test_mlflow_ui_browser.py",  # headless Chromium: MLflow runs read back in test_integration_embedded.py
     "tests/test_report_browser.py",  # headless Chromium: the report's tables in test_analysis_cli.py
     "tests/test_operations.py::test_dask_runner_gives_the_default_runners_outcomes",  # Dask: the thread runner
