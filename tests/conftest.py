@@ -75,6 +75,14 @@ EXTENDED = {
     # REFEED's modules through the flow here, every reader through the flow on the real model in
     # test_real_model_strategies.py
     "tests/test_flow_readers.py::test_every_seed_strategy_through_the_flow",
+    # `ragledger run` answering a rerun from the store, from the shell: test_launch.py answers one through the same
+    # route, and test_plan_cached.py's other tests the store's answer itself
+    "tests/test_plan_cached.py::test_ragledger_run_answers_a_cached_rerun_from_the_store_and_falls_back_to_the_flow",
+    # MLflow on PostgreSQL read back by another process: test_mlflow_pull.py pulls a run logged to the same server
+    "tests/test_mlflow_postgres.py",
+    # every reading command on a bucket's store: a run into a bucket read by query on another machine, and the
+    # Python API on it, stay in the default tier
+    "tests/test_store_s3.py::test_reading_commands_on_an_s3_store",
     "tests/test_mlflow_ui_browser.py",  # headless Chromium: MLflow runs read back in test_integration_embedded.py
     "tests/test_report_browser.py",  # headless Chromium: the report's tables in test_analysis_cli.py
     "tests/test_operations.py::test_dask_runner_gives_the_default_runners_outcomes",  # Dask: the thread runner
