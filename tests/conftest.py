@@ -83,6 +83,16 @@ EXTENDED = {
     # every reading command on a bucket's store: a run into a bucket read by query on another machine, and the
     # Python API on it, stay in the default tier
     "tests/test_store_s3.py::test_reading_commands_on_an_s3_store",
+    # compress and parametric through the flow on scripted answers: both run through the flow on the real model in
+    # test_real_model_strategies.py; the gold-passage setting on the real model: its rules in
+    # test_gold_passage_and_closed_book_filter.py
+    "tests/test_flow_llm_retrievers.py::test_compress_and_parametric_through_the_flow",
+    "tests/test_real_model_strategies.py::test_the_gold_passage_setting_runs_on_the_real_model",
+    # a sweep's flow with one endpoint: `ragledger run` of a sweep from one command stays
+    "tests/test_sweep.py::test_sweep_runs_each_dataset_as_an_experiment_with_one_endpoint",
+    # a whole run on a full disk, resumed (~1 minute): a segment and the call cache on a full disk are the other
+    # tests of test_disk_full.py; kill -9 and resume in test_reliability.py
+    "tests/test_disk_full.py::test_disk_full_stops_cleanly_and_resumes_to_the_same_outcomes",
     "tests/test_mlflow_ui_browser.py",  # headless Chromium: MLflow runs read back in test_integration_embedded.py
     "tests/test_report_browser.py",  # headless Chromium: the report's tables in test_analysis_cli.py
     "tests/test_operations.py::test_dask_runner_gives_the_default_runners_outcomes",  # Dask: the thread runner
