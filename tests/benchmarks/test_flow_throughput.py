@@ -189,3 +189,47 @@ def test_p1_full_flow_on_two_dask_worker_processes(benchmark, latency_server, pr
         "p1_flow_stage_seconds": first["stage_seconds"], "p1_flow_calls": first["llm_calls"],
         "p1_generate_stage_ratio": round(_times["baseline"] / first["stage_seconds"]["generate"], 3),
     })
+
+
+def test_p1_full_flow_into_an_s3_store(benchmark, latency_server, prefect_harness, tmp_path_factory, monkeypatch,
+                                       record_result):
+    """P1 again with the store at an s3:// URL on an S3-compatible server of its own process (moto's server mode),
+    the thread runner, a new machine's mirror: measured from opening the store (its listing and fetch) through the
+    run (each segment put as it is written) to the end's push (packs, catalog, manifest, call pack), which is what
+    `ragledger run --store s3://...` does around the flow. Reported beside the local store's ratio (target: within
+    0.05 of it)."""
+    from flows.execute import run_experiment
+    from tests.servers import S3Server
+    from tracking.store.remote import open_remote, push_up
+
+    monkeypatch.setenv("RAGLEDGER_BENCH_KEY", "unused")
+    monkeypatch.setenv("RAGLEDGER_HOME", str(tmp_path_factory.mktemp("p1-s3-machine")))
+    with S3Server() as s3:
+        s3.point(monkeypatch)
+        url = s3.url("p1")
+
+        def run(spec: dict) -> dict:
+            root = str(open_remote(url, creating=True))
+            summary = run_experiment(spec, root)
+            push_up(root, collect=True)
+            return summary
+
+        spec = spec_dict(latency_server, ["post_fusion"]) | {"name": "p1-throughput-s3"}
+        run(spec_dict(latency_server, ["concatenation"]) | {"name": "p1-warmup-s3"})  # index, imports
+        summaries = []
+        benchmark.pedantic(lambda: summaries.append(run(spec)), rounds=1, iterations=1)
+        keys = s3.keys(url)
+    first = summaries[0]
+    assert 0.99 * CALLS <= first["llm_calls"] <= CALLS, first["llm_calls"]
+    assert any(k.startswith("outcomes/p1-throughput-s3/") for k in keys)
+    flow_s = benchmark.stats.stats.min
+    assert "baseline" in _times, "run the whole module: the baseline is measured by test_p1_baseline_bare_asyncio_openai_loop"
+    figures = {
+        "p1_baseline_s": round(_times["baseline"], 2), "p1_flow_s": round(flow_s, 2),
+        "p1_ratio_baseline_over_flow": round(_times["baseline"] / flow_s, 3), "p1_flow_calls": first["llm_calls"],
+        "p1_flow_stage_seconds": first["stage_seconds"], "objects_in_bucket": len(keys),
+    }
+    if "flow" in _times:
+        figures["p1_ratio_local_store"] = round(_times["baseline"] / _times["flow"], 3)
+        figures["target"] = "within 0.05 of p1_ratio_local_store"
+    record_result("p1_flow_throughput_s3_store", figures)
