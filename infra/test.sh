@@ -6,7 +6,9 @@
 #                                             Pyserini, MLflow on SQLite and PostgreSQL); pytest -m "not extended"
 #   bash infra/test.sh --all [PYTEST ARGS]    everything: the default tier plus the vLLM CPU server (installed
 #                                             here, outside the clone), the soak, Dask, schedules, headless
-#                                             browsers, and the real-model tests at their larger sizes
+#                                             browsers, the real-model tests at their larger sizes, the S3 and
+#                                             authenticated multi-server labs, and second checks of a guarantee at
+#                                             a larger size (each EXTENDED entry names what stands in for it)
 #   bash infra/test.sh --fast [PYTEST ARGS]   the edit-test loop (minutes): ruff, then pytest -m "not integration
 #                                             and not slow and not extended" on the existing .venv as it is (no
 #                                             install check, no model start)
