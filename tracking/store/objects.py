@@ -29,6 +29,8 @@ S3_SCHEME = "s3://"
 CONNECT_TIMEOUT_S = 5
 READ_TIMEOUT_S = 30
 ATTEMPTS = 2
+# what S3-compatible services answer to a PutObject whose If-None-Match / If-Match condition does not hold
+CONDITION_FAILED = ("PreconditionFailed", "412", "ConditionalRequestConflict", "409")
 WRITE_CHECK = ".ragledger-write-check"  # the key a write permission is asked on; never written (S3Objects.check_writable)
 
 
@@ -187,7 +189,7 @@ class S3Objects:
             return getattr(self.client, method)(Bucket=self.location.bucket, **kwargs)
         except ClientError as exc:
             code = str(exc.response.get("Error", {}).get("Code", ""))
-            if code in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
+            if code in CONDITION_FAILED:
                 raise ConflictError(f"{self.location.url}/{key}: changed by another writer since it was read") from None
             if code in ("NoSuchKey", "404", "NotFound") and method in ("get_object", "head_object"):
                 return None
@@ -212,7 +214,7 @@ class S3Objects:
                                    IfMatch='"ragledger-write-check"')
         except ClientError as exc:
             code = str(exc.response.get("Error", {}).get("Code", ""))
-            if code in ("NoSuchKey", "404", "PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
+            if code in ("NoSuchKey", "404", *CONDITION_FAILED):
                 return
             if code in ("AccessDenied", "403"):
                 raise StorageError(f"{where}: the credentials in AWS_ACCESS_KEY_ID may read this store but not write "

@@ -37,7 +37,7 @@ from pathlib import Path
 from core.atomic import atomic_write_bytes, atomic_write_text
 from core.paths import StoreLayout, cache_home
 from schemas.kinds import RECORD_KINDS
-from tracking.store.catalog import CATALOG_DIR, load_catalog
+from tracking.store.catalog import CATALOG_DIR, PackEntry, load_catalog
 from tracking.store.identity import NotAStoreError, StoreState, classify
 from tracking.store.objects import ConflictError, S3Objects, StorageError, endpoint, is_s3_url, s3_objects
 
@@ -205,7 +205,13 @@ def _unread(root: Path, key: str) -> bool:
     entry = load_catalog(root, parts[1]).entry(parts[0])
     if entry is None or not (root / parts[0] / parts[1] / entry.pack).exists():
         return False
-    return parts[2] in entry.segments or (parts[2].startswith("pack-") and parts[2] != entry.pack)
+    return _made_unread(entry, parts[2])
+
+
+def _made_unread(entry: PackEntry, name: str) -> bool:
+    """Whether the record file `name` of an entry's folder is one its catalog made unread: a segment it packed, or
+    a pack it replaced."""
+    return name in entry.segments or (name.startswith("pack-") and name != entry.pack)
 
 
 def _fetch_missing_packs(root: Path, objects: S3Objects) -> int:
@@ -382,7 +388,7 @@ def _collect(root: Path, objects: S3Objects, held: dict[str, str]) -> None:
         entry = load_catalog(root, parts[1]).entry(parts[0])
         if entry is None:
             continue
-        if parts[2] in entry.segments or (parts[2].startswith("pack-") and parts[2] != entry.pack):
+        if _made_unread(entry, parts[2]):
             objects.delete(key)
 
 
