@@ -107,10 +107,9 @@ def _checked_schedule(spec_path: Path, cron: str | None, interval: float | None,
     """The spec and the store its scheduled runs write (an s3:// URL as it is, a folder made absolute), everything
     checked now, not at the first run: the inputs, the options, and where the runs write (`ragledger run`'s checks).
     A bad one ends the command with one error line."""
-    from ragledger.locations import check_run_locations
+    from ragledger.locations import checked_run_store
     from schemas.spec import load_spec
     from tracking.store.objects import is_s3_url
-    from tracking.store.remote import local_root
 
     try:
         spec = load_spec(spec_path)
@@ -128,10 +127,10 @@ def _checked_schedule(spec_path: Path, cron: str | None, interval: float | None,
                 raise usage_error(f"--cron: {exc}") from None
         if runner not in (None, "thread", "dask"):
             raise usage_error(f"--runner: unknown runner {runner!r} (thread, dask)")
-        given, what = store or spec.tracking.store, "--store" if store else "tracking.store"
-        check_run_locations(spec, local_root(given, what, creating=True), what, Path.cwd())
+        checked_run_store(spec, store)
     except user_errors() as exc:
         fail(str(exc))
+    given = store or spec.tracking.store
     return spec, given if is_s3_url(given) else str(Path(given).resolve())
 
 

@@ -146,3 +146,15 @@ def check_run_locations(spec: AnySpec, store_root: str, store_what: str, workdir
     for loc in run_locations(spec, store_root, store_what, workdir, json_out):
         check_location(loc)
     require_store(store_root, store_what, creating=True)
+
+
+def checked_run_store(spec: AnySpec, store: str | None, json_out: Path | None = None) -> str:
+    """The folder a run of `spec` writes its store in (`store`, the command's --store, else tracking.store): the
+    folder itself, or an s3:// store's mirror brought up to date with the credentials checked for writing; and every
+    place the run writes checked (`check_run_locations`), before anything is written or any input read."""
+    from tracking.store.remote import local_root
+
+    what = "--store" if store else "tracking.store"
+    root = local_root(store or spec.tracking.store, what, creating=True)
+    check_run_locations(spec, root, what, Path.cwd(), json_out)
+    return root

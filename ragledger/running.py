@@ -43,7 +43,7 @@ def checked_run(spec_given: SpecGiven, store: str | None, base_url: str | None, 
     from core.secrets import refuse_credentials
     from flows.launch import RunOptions
     from ragledger.cli_common import usage_error
-    from ragledger.locations import check_run_locations
+    from ragledger.locations import checked_run_store
     from schemas.overrides import with_overrides
 
     parsed, source = spec_of(spec_given)
@@ -58,11 +58,7 @@ def checked_run(spec_given: SpecGiven, store: str | None, base_url: str | None, 
                        "model.api_key_env")
     # every place the run writes (store, call cache, MLflow, Prefect home, logs, indexes, --json), before the inputs
     # are read (flows/launch.py): a mistyped store is named before a large corpus is read for its hash
-    from tracking.store.remote import local_root
-
-    what = "--store" if store else "tracking.store"
-    root = local_root(store or spec.tracking.store, what, creating=True)  # an s3:// store: its mirror, up to date
-    check_run_locations(spec, root, what, Path.cwd(), json_out)
+    root = checked_run_store(spec, store, json_out)  # an s3:// store: its mirror, up to date
     if (scheduler or spec.execution.scheduler_address) and "://" not in root:
         root = str(Path(root).resolve())  # a long-lived cluster's workers each run in a folder of their own
     options = RunOptions(root, base_url, "dask" if scheduler else runner, workers, scheduler)
