@@ -84,10 +84,8 @@ EXTENDED = {
     # Python API on it, stay in the default tier
     "tests/test_store_s3.py::test_reading_commands_on_an_s3_store",
     # compress and parametric through the flow on scripted answers: both run through the flow on the real model in
-    # test_real_model_strategies.py; the gold-passage setting on the real model: its rules in
-    # test_gold_passage_and_closed_book_filter.py
+    # test_real_model_strategies.py
     "tests/test_flow_llm_retrievers.py::test_compress_and_parametric_through_the_flow",
-    "tests/test_real_model_strategies.py::test_the_gold_passage_setting_runs_on_the_real_model",
     # a sweep's flow with one endpoint: `ragledger run` of a sweep from one command stays
     "tests/test_sweep.py::test_sweep_runs_each_dataset_as_an_experiment_with_one_endpoint",
     # a whole run on a full disk, resumed (~1 minute): a segment and the call cache on a full disk are the other

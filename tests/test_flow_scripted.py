@@ -170,7 +170,9 @@ def test_faulty_backend_gives_same_results(workspace, prefect_harness):
     with ScriptedServer(answer=answer_from_context, faults=faults) as flaky:
         spec = make_spec(ws2, flaky.base_url, readers=readers, max_retries=20, timeout_s=1.0)
         result = run_flow(spec)
-    assert result["cells"] == baseline["cells"]
-    assert result["retries"] == sum(flaky.faults_injected.values()) > 0
+    assert result["cells"] == baseline["cells"] and clean.repeats == 0
+    # every retry the run records is one the server saw, and every injected fault was retried; a retry beyond the
+    # injected ones is an answer that came after the 1 s timeout on a loaded machine
+    assert result["retries"] == flaky.repeats >= sum(flaky.faults_injected.values()) > 0
     assert set(flaky.faults_injected) == {"http_500", "http_429", "hang", "malformed", "empty"}, flaky.faults_injected
     print(f"calls {result['llm_calls']}; faults injected: {flaky.faults_injected}; retries recorded: {result['retries']}")

@@ -50,6 +50,7 @@ class ScriptedServer:
     requests: list[dict] = field(default_factory=list)
     faults_injected: dict[str, int] = field(default_factory=dict)
     max_in_flight: int = 0  # the most requests the server held at once (client-side concurrency bounds)
+    bodies_received: list[bytes] = field(default_factory=list)  # every request's body, faulted or not, in order
 
     def __post_init__(self) -> None:
         self._rng = random.Random(self.faults.seed)
@@ -79,6 +80,12 @@ class ScriptedServer:
     def calls(self) -> int:
         return len(self.requests)
 
+    @property
+    def repeats(self) -> int:
+        """Requests whose body the server had received before: the client's retries as seen on the wire (an injected
+        fault, or an answer that reached the client after its timeout on a loaded machine)."""
+        return len(self.bodies_received) - len(set(self.bodies_received))
+
     def _pick_fault(self) -> str | None:
         f = self.faults
         with self._lock:
@@ -103,7 +110,9 @@ class ScriptedServer:
             self._in_flight -= 1
 
     async def _answer(self, request: Request) -> Response:
-        body = await request.json()
+        raw = await request.body()
+        self.bodies_received.append(raw)
+        body = json.loads(raw)
         fault = self._pick_fault()
         if fault == "http_500":
             return JSONResponse({"error": {"message": "injected"}}, status_code=500)
