@@ -1,9 +1,13 @@
 """Progress from inside tasks to whoever shows it (the CLI's rich progress bars, or plain lines in a log).
 
-Tasks call `advance(stage, n)` as units of work finish; with no listener registered (tests, Dask workers) every
-call here does nothing. A stage's total is its planned work: set at once when it is known (`set_total`: passages to
-embed, experiments of a sweep), or part by part when it is planned part by part (`forecast`, then `planned`: a
-generate stage's model calls, known when its task plans them; see `Forecast`).
+Tasks call `advance(stage, n)` as units of work finish; with no listener registered (tests) every call here does
+nothing. A task in another process (a Dask worker, on this host or another) has no listener: there the task runs
+`relayed` to the run's own process, which `replay`s each report into its listener (flows/dask_workers.py), so a
+distributed run shows the same bars and lines as one run in threads.
+
+A stage's total is its planned work: set at once when it is known (`set_total`: passages to embed, experiments of a
+sweep), or part by part when it is planned part by part (`forecast`, then `planned`: a generate stage's model calls,
+known when its task plans them; see `Forecast`).
 
 The time left is the planned work still to do at the rate the finished work went since the stage's work began
 (`seconds_left`). Units are counted (model calls), but their work may be weighed apart from them: a call's work is
@@ -17,11 +21,13 @@ count would promise many times the time actually left.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class Listener(Protocol):
@@ -39,6 +45,9 @@ class Listener(Protocol):
 _listener: Listener | None = None
 _forecasts: dict[str, Forecast] = {}
 _lock = threading.Lock()
+# where this context's reports go when this process has no listener: a task's, to its run's process. A context
+# variable, not a global: one worker runs tasks of several runs at once (a long-lived cluster), each to its own run
+_relay: contextvars.ContextVar[Callable[[list[Any]], None] | None] = contextvars.ContextVar("progress_relay", default=None)
 
 
 def set_listener(listener: Listener | None) -> None:
@@ -48,16 +57,47 @@ def set_listener(listener: Listener | None) -> None:
         _forecasts.clear()
 
 
+def listening() -> bool:
+    return _listener is not None
+
+
+@contextlib.contextmanager
+def relayed(send: Callable[[list[Any]], None]) -> Iterator[None]:
+    """Inside: this context's reports, when this process has no listener, go to `send` as plain lists (what a
+    message between processes can carry), for the run's process to `replay`."""
+    token = _relay.set(send)
+    try:
+        yield
+    finally:
+        _relay.reset(token)
+
+
+def replay(report: list[Any]) -> None:
+    """A report relayed from a task in another process, given to this process's listener as if made here."""
+    kind, *args = report
+    REPORTS[kind](*args)
+
+
 def set_total(stage: str, total: int, timed: bool = True) -> None:
     with _lock:
         if _listener is not None:
             _listener.total(stage, total, timed)
+            return
+    _relay_report("set_total", stage, total, timed)
 
 
 def advance(stage: str, n: int = 1, work: float | None = None) -> None:
     with _lock:
         if _listener is not None:
             _listener.advance(stage, n, work)
+            return
+    _relay_report("advance", stage, n, work)
+
+
+def _relay_report(kind: str, *args: Any) -> None:
+    send = _relay.get()
+    if send is not None:
+        send([kind, *args])
 
 
 def forecast(stage: str, parts: Mapping[str, tuple[str, int]]) -> None:
@@ -72,13 +112,19 @@ def forecast(stage: str, parts: Mapping[str, tuple[str, int]]) -> None:
 
 def planned(stage: str, part: str, units: int, work: float | None = None) -> None:
     """Part `part` of the stage was planned: it is `units` units (0: none of it runs now), weighing `work` (by
-    default one per unit)."""
+    default one per unit). The forecast is the run's process's (its executor made it): a task elsewhere relays."""
     with _lock:
         f = _forecasts.get(stage)
-        if _listener is None or f is None:
+        if _listener is not None:
+            if f is not None:
+                f.plan(part, units, work)
+                _listener.revise(stage, f.total(), f.work())
             return
-        f.plan(part, units, work)
-        _listener.revise(stage, f.total(), f.work())
+    _relay_report("planned", stage, part, units, work)
+
+
+# what a task may relay (the reports a task makes; a forecast is made by the run's process itself)
+REPORTS: dict[str, Callable[..., None]] = {"set_total": set_total, "advance": advance, "planned": planned}
 
 
 def call_work(system: str, prompt: str) -> float:

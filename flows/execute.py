@@ -25,7 +25,7 @@ from flows.plan import FLOW_VERSION, PIPELINE_STAGES, ExperimentPlan, plan
 from flows.prepare import plan_run, store_run
 from flows.recording import record_run
 from flows.run_summary import Accounting, StageClock
-from flows.runners import task_runner_for, without_default_heartbeats
+from flows.runners import task_progress, task_runner_for, without_default_heartbeats
 from schemas.spec import ExperimentSpec
 from tasks.closed_book_filter import answered_closed_book
 from tasks.prefect_tasks import closed_book_filter_task
@@ -57,7 +57,7 @@ def execute(the_plan: ExperimentPlan, questions: list[Question], run: RunContext
             accounting: Accounting, clock: StageClock, meanwhile: Callable[[], Any] | None = None) -> Executed:
     """The stage tasks, inside the model endpoint's block: it closes the endpoint after generation, or with the error
     that ends the run before (an enclosing sweep's shared endpoint stays up: the sweep closes it)."""
-    with model_endpoint(the_plan.spec, base_url) as endpoint:
+    with model_endpoint(the_plan.spec, base_url) as endpoint, task_progress(run.run_token):
         evaluated_before = endpoint.prompt_tokens_evaluated() or 0  # a sweep's shared server counts from its start
         use = EndpointUse(endpoint)
         filter_segments: list[str] = []

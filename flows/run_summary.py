@@ -3,7 +3,6 @@ to (Accounting), and the wall time of each stage (StageClock)."""
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,13 +71,10 @@ class Accounting:
             self._calls_progress(result)
 
     def _calls_progress(self, result: StageResult) -> None:
-        """A generate task's model calls in the run's progress when the task's own reports were not seen here."""
-        calls = GenerateStage.calls_progress
-        if result.run_token != self.run_token:  # persisted by an earlier run: none of its calls is made now
-            progress.planned(calls, result.shard, 0)
-        elif result.pid != os.getpid():  # ran in a Dask worker, whose reports stay there
-            progress.planned(calls, result.shard, result.rows)
-            progress.advance(calls, result.rows)
+        """A generate task persisted by an earlier run makes none of its calls now: none of the forecast's. A task
+        that ran reported its calls itself, in a thread here or from a Dask worker (core/progress.py `relayed`)."""
+        if result.run_token != self.run_token:
+            progress.planned(GenerateStage.calls_progress, result.shard, 0)
 
     def fill(self, summary: RunSummary) -> None:
         summary.llm_calls, summary.cache_hits = self.counters["llm_calls"], self.counters["cache_hits"]

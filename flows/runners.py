@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 
 
 def task_runner_for(runner: str, workers: int, scheduler_address: str | None = None):
@@ -24,6 +25,22 @@ def task_runner_for(runner: str, workers: int, scheduler_address: str | None = N
     # worker bounds its own model calls, so it gets 1/workers of model.concurrency (the whole run's bound)
     return DaskTaskRunner(cluster_kwargs={"n_workers": workers, "threads_per_worker": 4, "processes": True,
                                           "dashboard_address": None, "env": task_process_env(workers)})
+
+
+def task_progress(run_token: str) -> contextlib.AbstractContextManager:
+    """Inside the flow: the progress of its tasks reaching this process's display. Tasks in threads report to it
+    directly; tasks on Dask workers through the scheduler (flows/dask_workers.py `progress_from_workers`)."""
+    if "prefect_dask" not in sys.modules:  # the thread runner never imports it
+        return contextlib.nullcontext()
+    from prefect.context import get_run_context
+    from prefect_dask import DaskTaskRunner
+
+    runner = get_run_context().task_runner
+    if not isinstance(runner, DaskTaskRunner):
+        return contextlib.nullcontext()
+    from flows.dask_workers import progress_from_workers
+
+    return progress_from_workers(runner, run_token)
 
 
 class DaskSchedulerError(ConnectionError):

@@ -172,3 +172,69 @@ def test_a_forecast_weighs_the_parts_still_to_plan_as_the_planned_ones_of_their_
     assert (f.total(), f.work()) == (60, 22500.0)  # concat-2 and pf-2 as their group's first shard
     f.plan("pf-2", 25)  # no weight given: one per call
     assert f.work() == 5000.0 + 6250.0 + 5000.0 + 25.0
+
+
+class Recording(Stages):
+    """A listener that keeps every report it was given, in order."""
+
+    def __init__(self) -> None:
+        super().__init__(clock=lambda: 0.0)
+        self.reports: list[tuple] = []
+
+    def total(self, stage, n, timed=True, begun=True):
+        self.reports.append(("total", stage, n))
+        return super().total(stage, n, timed, begun)
+
+    def revise(self, stage, n, work=None):
+        self.reports.append(("revise", stage, n, work))
+        return super().revise(stage, n, work)
+
+    def advance(self, stage, n, work=None):
+        self.reports.append(("advance", stage, n, work))
+        return super().advance(stage, n, work)
+
+
+def test_a_task_elsewhere_relays_its_reports_and_the_runs_process_replays_them_as_if_made_there():
+    """A task in a process with no listener (a Dask worker) reports inside `relayed`: each report reaches the run's
+    process as a plain list and, replayed there, gives its listener what the same calls made there give. Two tasks on
+    one worker relay each to its own run (a context variable, not a global)."""
+    import threading
+
+    def task_reports():
+        progress.planned("generate calls", "a", 2, 300.0)
+        progress.advance("generate calls", 1, 150.0)
+        progress.advance("generate calls", 1, 150.0)
+        progress.advance("retrieve questions", 4)
+
+    relayed: dict[str, list] = {"run-1": [], "run-2": []}
+
+    def worker_task(run: str) -> None:
+        with progress.relayed(relayed[run].append):
+            task_reports()
+
+    threads = [threading.Thread(target=worker_task, args=(run,)) for run in relayed]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    progress.advance("retrieve questions", 9)  # outside `relayed`, with no listener: nothing, nowhere
+    assert relayed["run-1"] == relayed["run-2"] == [
+        ["planned", "generate calls", "a", 2, 300.0], ["advance", "generate calls", 1, 150.0],
+        ["advance", "generate calls", 1, 150.0], ["advance", "retrieve questions", 4, None]]
+
+    def in_the_runs_process(reports_of_the_task) -> list[tuple]:
+        listener = Recording()
+        progress.set_listener(listener)
+        try:
+            progress.forecast("generate calls", {"a": ("cell", 2), "b": ("cell", 2)})
+            reports_of_the_task()
+        finally:
+            progress.set_listener(None)
+        return listener.reports
+
+    direct = in_the_runs_process(task_reports)
+    replayed = in_the_runs_process(lambda: [progress.replay(r) for r in relayed["run-1"]])
+    assert replayed == direct == [
+        ("total", "generate calls", 4), ("revise", "generate calls", 4, 600.0),
+        ("advance", "generate calls", 1, 150.0), ("advance", "generate calls", 1, 150.0),
+        ("advance", "retrieve questions", 4, None)]
