@@ -1,8 +1,9 @@
 """The one owner of a run's bound on model calls in flight (`model.concurrency`): how it is divided, and what keeps
 each part. Nothing else divides it. The bound holds for the whole run:
 
-1. over the processes that run its tasks (the flow's own, or each worker of a local Dask cluster), an even share
-   each (`process_share`; flows/runners.py tells a worker how many share the bound with `task_process_env`);
+1. over the processes that run its tasks (the flow's own, or each worker of its Dask cluster, local or long-lived),
+   an even share each (`process_share`; the run counts its task processes when its flow starts, flows/runners.py
+   `task_processes`, and its tasks take their share from tasks/stages.py `RunContext.task_processes`);
 2. within one such process, over its model-call processes (engines/call_processes.py): one per
    REQUESTS_PER_CALL_PROCESS requests, at most one per core (`call_processes_for`), each taking `call_process_share`;
    the parent hands out at most `outstanding_bound` calls at once;
@@ -14,9 +15,6 @@ from __future__ import annotations
 
 import os
 
-# set in the worker processes of a local Dask cluster: how many processes share one endpoint's bound (workers of
-# an existing scheduler need it set by whoever starts them)
-PROCESSES_ENV = "RAGLEDGER_ENDPOINT_PROCESSES"
 # One model-call process per this many requests in flight, and at most one per core. One process's CPU per
 # request in the openai client bounds it at hundreds of requests a second: answers arrive in waves and wait for
 # each other; P1 runs faster with two processes than with one (docs/performance.md).
@@ -29,15 +27,9 @@ MAX_CALL_PROCESSES = os.cpu_count() or 1
 BACKLOG_PER_CALL_PROCESS = 128
 
 
-def task_process_env(processes: int) -> dict[str, str]:
-    """The environment of a task process that shares the bound with `processes - 1` others."""
-    return {PROCESSES_ENV: str(processes)}
-
-
-def process_share(concurrency: int) -> int:
-    """This task process's share of the run's bound."""
-    processes = max(1, int(os.environ.get(PROCESSES_ENV) or 1))
-    return max(1, concurrency // processes)
+def process_share(concurrency: int, processes: int) -> int:
+    """One task process's share of the run's bound, when `processes` run its tasks."""
+    return max(1, concurrency // max(1, processes))
 
 
 def call_processes_for(concurrency: int) -> int:

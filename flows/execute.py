@@ -9,7 +9,7 @@ The plan holds every key and dependency; the flow only submits, collects and rec
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from functools import partial
 from typing import Any
 
@@ -25,7 +25,7 @@ from flows.plan import FLOW_VERSION, PIPELINE_STAGES, ExperimentPlan, plan
 from flows.prepare import plan_run, store_run
 from flows.recording import record_run
 from flows.run_summary import Accounting, StageClock
-from flows.runners import task_progress, task_runner_for, without_default_heartbeats
+from flows.runners import task_processes, task_progress, task_runner_for, without_default_heartbeats
 from schemas.spec import ExperimentSpec
 from tasks.closed_book_filter import answered_closed_book
 from tasks.prefect_tasks import closed_book_filter_task
@@ -81,6 +81,7 @@ def experiment_flow(spec: ExperimentSpec, store_root: str, tracking_uri: str | N
     planned = head_start.prepared() if head_start is not None else None  # planned there, or here
     the_plan, run, questions = prepared = planned or plan_run(spec, store_root)
     store_run(prepared)
+    run = replace(run, task_processes=task_processes())  # the model-call bound's share of each
     tracking_uri = tracking_uri or resolve_tracking_uri(spec.tracking.mlflow_uri)
     accounting = Accounting(run.run_token)
     done = execute(the_plan, questions, run, base_url, accounting, clock, partial(preload_mlflow, tracking_uri))

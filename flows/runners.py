@@ -19,12 +19,23 @@ def task_runner_for(runner: str, workers: int, scheduler_address: str | None = N
 
     if scheduler_address:
         return DaskTaskRunner(address=scheduler_address)
-    from engines.concurrency import task_process_env
-
     # processes: retrieval (JVM, FAISS) and parsing are CPU work; a few threads each for model-call waits. Each
-    # worker bounds its own model calls, so it gets 1/workers of model.concurrency (the whole run's bound)
+    # worker bounds its own model calls with its share of model.concurrency (the whole run's bound: `task_processes`)
     return DaskTaskRunner(cluster_kwargs={"n_workers": workers, "threads_per_worker": 4, "processes": True,
-                                          "dashboard_address": None, "env": task_process_env(workers)})
+                                          "dashboard_address": None})
+
+
+def task_processes() -> int:
+    """Inside the flow: how many processes run its tasks, each with its share of model.concurrency
+    (engines/concurrency.py): the flow's own, or the Dask workers the scheduler has when the flow starts (a local
+    cluster's, or a long-lived one's, wherever they run). A worker that joins later takes the same share."""
+    if "prefect_dask" not in sys.modules:
+        return 1
+    from prefect.context import get_run_context
+    from prefect_dask import DaskTaskRunner
+
+    runner = get_run_context().task_runner
+    return max(1, len(runner.client.nthreads())) if isinstance(runner, DaskTaskRunner) else 1
 
 
 def task_progress(run_token: str) -> contextlib.AbstractContextManager:

@@ -47,7 +47,7 @@ def run_closed_book_filter(run: RunContext, stage: FilterStage, base_url: str) -
     spec, store = run.spec, run.store()
     questions = run.questions(store, stage.qids)
     planned = [(qid, 0, call, to_request(call, spec)) for qid, call in filter_calls(questions)]
-    client = llm_client_for(spec, base_url, run.store_root)
+    client = llm_client_for(spec, base_url, run.store_root, task_processes=run.task_processes)
 
     async def run_all() -> list[LLMResponse]:
         return await asyncio.gather(*(client.complete(req) for _, _, _, req in planned))

@@ -50,15 +50,15 @@ def retriever_for(spec: ExperimentSpec, name: str, store_root: str, log=print) -
 
 
 def llm_client_for(spec: ExperimentSpec, base_url: str, store_root: str, logprobs_base_url: str | None = None,
-                   head_start_calls: HeadStartCalls | None = None) -> LLMClient:
-    """The run's model as a client; `head_start_calls`: the calls its head start sent (flows/head_start.py),
-    which it takes over."""
+                   head_start_calls: HeadStartCalls | None = None, task_processes: int = 1) -> LLMClient:
+    """The run's model as a client in one of its `task_processes` (tasks/stages.py `RunContext.task_processes`);
+    `head_start_calls`: the calls its head start sent (flows/head_start.py), which it takes over."""
     endpoint = Endpoint(
         base_url=base_url,
         logprobs_base_url=logprobs_base_url,
         model=served_name(spec.model),
         api_key=api_key_from_env(spec.model.api_key_env) if spec.model.backend == "openai" else "not-needed",
-        concurrency=process_share(spec.model.concurrency),  # engines/concurrency.py
+        concurrency=process_share(spec.model.concurrency, task_processes),  # engines/concurrency.py
         timeout_s=spec.model.timeout_s,
         max_retries=spec.model.max_retries,
         local_server=spec.model.backend == "embedded",

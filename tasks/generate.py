@@ -198,7 +198,8 @@ def run_generate_round(run: RunContext, stage: GenerateStage, base_url: str, ret
     # the run's forecast of its calls, each weighed by its prompt (core/progress.py)
     progress.planned(stage.calls_progress, stage.key, len(planned),
                      sum(progress.call_work(req.system, req.prompt) for *_, req in planned))
-    client = llm_client_for(spec, base_url, run.store_root, logprobs_base_url, head_start_calls=run.head_start_calls)
+    client = llm_client_for(spec, base_url, run.store_root, logprobs_base_url, head_start_calls=run.head_start_calls,
+                            task_processes=run.task_processes)
     responses = run_on_engine(complete_all(client, planned, stage, round_plan.rounds_after)) if planned else []
     rows = generation_rows(spec, reader, stage.retriever, stage.round_no, stage.key, planned, responses, client,
                            stage.reader, reader.version_for(settings))

@@ -94,7 +94,7 @@ def run_retrieve(run: RunContext, stage: RetrieveStage, base_url: str = "") -> S
     rows = run.head_start.take_retrieval(stage) if run.head_start is not None else None
     if rows is None:
         if retriever_for(spec, stage.retriever, run.store_root).needs_llm:
-            client = llm_client_for(spec, base_url, run.store_root)
+            client = llm_client_for(spec, base_url, run.store_root, task_processes=run.task_processes)
         rows = retrieve_rows(run, stage, run.questions(store, stage.qids), client)
     crashpoint("retrieve.done")
     segment = store.write("retrievals", new_events("retrievals", spec.name, rows)) if rows else None

@@ -93,6 +93,9 @@ class RunContext:
     store_root: str
     questions_segment: str
     run_token: str
+    # how many processes run this run's tasks (its Dask workers, counted when its flow starts: flows/runners.py
+    # `task_processes`), each making its share of the model calls in flight (engines/concurrency.py)
+    task_processes: int = 1
     # the run's head start (flows/head_start.py), when `ragledger run` began it before Prefect was up; never with Dask
     head_start: HeadStartView | None = field(default=None, compare=False, repr=False)
 

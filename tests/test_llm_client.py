@@ -246,12 +246,11 @@ def test_logprob_calls_go_to_the_logprobs_endpoint_under_one_concurrency_bound()
         assert most[0] == 1  # never a call on both servers at once: the bound is shared, not per server
 
 
-def test_worker_processes_share_the_concurrency_bound(monkeypatch):
-    from engines.concurrency import PROCESSES_ENV, process_share
+def test_worker_processes_share_the_concurrency_bound():
+    from engines.concurrency import process_share
 
-    assert process_share(64) == 64
-    monkeypatch.setenv(PROCESSES_ENV, "2")
-    assert (process_share(64), process_share(3), process_share(1)) == (32, 1, 1)
+    assert process_share(64, 1) == 64
+    assert (process_share(64, 2), process_share(3, 2), process_share(1, 2), process_share(8, 0)) == (32, 1, 1, 8)
 
 
 def test_the_bound_is_divided_in_one_place():

@@ -182,7 +182,7 @@ def test_a_long_lived_dask_cluster_sends_each_runs_task_events_to_that_runs_pref
 
     make_data(tmp_path, 8)
     prefect_home = tmp_path / ".ragledger" / "prefect"
-    env = _env(tmp_path) | {"RAGLEDGER_ENDPOINT_PROCESSES": "2", "PREFECT_HOME": str(prefect_home),
+    env = _env(tmp_path) | {"PREFECT_HOME": str(prefect_home),
                             "PREFECT_LOCAL_STORAGE_PATH": str(prefect_home / "storage")}
     with open(tmp_path / "cluster.log", "w") as log:
         cluster = subprocess.Popen([sys.executable, "-c", CLUSTER_SCRIPT], cwd=tmp_path, env=env, stdin=subprocess.PIPE,
@@ -200,6 +200,9 @@ def test_a_long_lived_dask_cluster_sends_each_runs_task_events_to_that_runs_pref
             second = cli(tmp_path, "run", spec, "--scheduler", address, "--store", "second", "--json",
                          str(tmp_path / "second.json"), own_prefect=True)
             assert second.returncode == 0, second.stderr[-3000:]
+            # model.concurrency (2) bounds the run on the cluster's 2 workers, which were started without being told
+            # how many share it: each took its share (flows/runners.py task_processes)
+            assert server.max_in_flight <= 2, server.max_in_flight
         summary = json.loads((tmp_path / "second.json").read_text())
         assert summary["task_processes"] == 2 and summary["tasks_total"] > 0
 

@@ -300,10 +300,9 @@ def test_p1_cold_on_two_dask_workers_beside_the_thread_runner(benchmark, latency
                        iterations=1)
     figures |= run_figures("dask_local_cluster", bare, *local[0])
 
-    # a cluster that outlives the runs, as a lab starts one; its workers take the directory's Prefect home and their
-    # share of model.concurrency from the environment they were started with
-    env = user_env() | {"RAGLEDGER_ENDPOINT_PROCESSES": "2",
-                        "PREFECT_HOME": str(work / ".ragledger" / "prefect"),
+    # a cluster that outlives the runs, as a lab starts one; its workers take the directory's Prefect home from the
+    # environment they were started with (their share of model.concurrency from the run)
+    env = user_env() | {"PREFECT_HOME": str(work / ".ragledger" / "prefect"),
                         "PREFECT_LOCAL_STORAGE_PATH": str(work / ".ragledger" / "prefect" / "storage")}
     cluster = subprocess.Popen([sys.executable, "-c", CLUSTER_SCRIPT], cwd=work, env=env, stdin=subprocess.PIPE,
                                stdout=subprocess.PIPE, text=True)
