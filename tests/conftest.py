@@ -94,6 +94,9 @@ EXTENDED = {
     "tests/test_mlflow_ui_browser.py",  # headless Chromium: MLflow runs read back in test_integration_embedded.py
     "tests/test_report_browser.py",  # headless Chromium: the report's tables in test_analysis_cli.py
     "tests/test_operations.py::test_dask_runner_gives_the_default_runners_outcomes",  # Dask: the thread runner
+    # a Dask worker killed mid-run: kill -9 of the run's own process in test_reliability.py, Dask's workers in
+    # test_dask_progress.py
+    "tests/test_operations.py::test_a_dask_worker_killed_mid_run_leaves_the_same_outcomes",
     "tests/test_operations.py::test_a_long_lived_dask_cluster_sends_each_runs_task_events_to_that_runs_prefect_server",
     "tests/test_operations.py::test_a_scheduled_deployment_fires_and_its_mlflow_runs_appear",  # Prefect's scheduler
     # two machines through MLflow on PostgreSQL, analyse, trace, extend: the pull over PostgreSQL and a rerun from a

@@ -49,6 +49,53 @@ def test_dask_runner_gives_the_default_runners_outcomes(tmp_path):
     print(f"outcome table hash, thread runner == dask runner (2 workers): {table_hash(thread_rows)[:16]}")
 
 
+def test_a_dask_worker_killed_mid_run_leaves_the_same_outcomes(tmp_path):
+    """kill -9 of one of a run's two Dask worker processes while its generate tasks make calls: Dask runs the lost
+    tasks again on a worker (its nanny starts a new one), the run ends with the thread runner's outcomes, every event
+    stored once and the store verified."""
+    import psutil
+
+    from tests.test_reliability import raw_event_counts
+
+    thread_ws, dask_ws = tmp_path / "thread", tmp_path / "dask"
+    for ws in (thread_ws, dask_ws):
+        ws.mkdir()
+        make_data(ws, 16)
+    with ScriptedServer(answer=reader) as server:
+        reference = cli(thread_ws, "run", str(write_spec(thread_ws, server.base_url, compact=False)))
+        assert reference.returncode == 0, reference.stderr[-3000:]
+    with ScriptedServer(answer=reader, delay_s=0.4) as server, open(tmp_path / "dask.out", "w+") as out:
+        from tests.test_reliability import prefect_env
+
+        spec = write_spec(dask_ws, server.base_url, compact=False)
+        env = prefect_env() | {"RAGLEDGER_INDEX_DIR": str(dask_ws / "indexes")}
+        proc = subprocess.Popen([RAGLEDGER, "run", str(spec), "--runner", "dask", "--workers", "2"], cwd=dask_ws,
+                                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 300
+            while server.calls < 6 and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert proc.poll() is None and server.calls >= 6, "the run ended (or made no call) before the kill"
+            # a worker process: a child of the run's process (a local cluster's nannies run in it)
+            workers = [p for p in psutil.Process(proc.pid).children() if "spawn_main" in " ".join(p.cmdline())]
+            assert len(workers) == 2, [p.cmdline() for p in psutil.Process(proc.pid).children(recursive=True)]
+            os.kill(workers[0].pid, signal.SIGKILL)
+            code = proc.wait(timeout=600)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        out.seek(0)
+        log = out.read()
+        assert code == 0, log[-4000:]
+    assert "killed by signal 9" in log, log[-4000:]  # the nanny saw its worker die (and started another)
+    print(next(line for line in log.splitlines() if "killed by signal 9" in line))
+    assert table_hash(outcome_table(dask_ws)) == table_hash(outcome_table(thread_ws))
+    for kind, (rows, distinct) in raw_event_counts(dask_ws).items():
+        assert rows == distinct, f"{kind}: {rows - distinct} duplicate events"
+    verify = cli(dask_ws, "store", "verify")
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
 
 def _env(ws: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
