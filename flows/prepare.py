@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from pathlib import Path
 from typing import NamedTuple
 
 from core.datasets import Question
@@ -14,6 +15,7 @@ from schemas.spec import ExperimentSpec
 from tasks.context import retriever_for
 from tasks.stages import HeadStartView, RunContext
 from tracking.store.events import EventStore, new_events
+from tracking.store.mirrored import origin_url
 
 
 class PreparedRun(NamedTuple):
@@ -30,8 +32,9 @@ def plan_run(spec: ExperimentSpec, store_root: str, head_start: HeadStartView | 
     """The run of `spec` in `store_root`, planned; nothing written yet. `head_start`: its head start, which its tasks meet."""
     questions = spec.dataset.sampled_questions()
     the_plan = plan(spec, questions, store_root=store_root)  # its questions segment named, its corpus hash read
-    return PreparedRun(the_plan, RunContext(spec, store_root, the_plan.questions_segment, uuid.uuid4().hex, head_start),
-                       questions)
+    run = RunContext(spec, store_root, the_plan.questions_segment, uuid.uuid4().hex, head_start=head_start,
+                     store_url=origin_url(Path(store_root)))  # a mirror's URL: a worker elsewhere works in its own
+    return PreparedRun(the_plan, run, questions)
 
 
 def store_run(prepared: PreparedRun) -> None:

@@ -115,6 +115,11 @@ def status() -> str | None:
     return state["address"] if state and pid_alive(int(state["scheduler_pid"])) else None
 
 
+# where a process keeps what belongs to its machine (models, indexes, store mirrors, the call cache, Prefect's
+# database and results): a worker takes none of the starter's, but its own under its HOME, as on another host
+MACHINE_PLACES = ("RAGLEDGER_HOME", "RAGLEDGER_INDEX_DIR", "PREFECT_HOME", "PREFECT_LOCAL_STORAGE_PATH")
+
+
 def start(host: str = "127.0.0.1", port: int = 8786, workers: int = 2, threads: int = 4,
           timeout_s: float = 120.0) -> tuple[str, bool]:
     """Start a scheduler on host:port and `workers` worker processes, each in its own folder and HOME (idempotent).
@@ -142,7 +147,7 @@ def start(host: str = "127.0.0.1", port: int = 8786, workers: int = 2, threads: 
     for i in range(workers):
         home = base / f"worker-{i}"
         (home / "home").mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "HOME": str(home / "home")}
+        env = {**{k: v for k, v in os.environ.items() if k not in MACHINE_PLACES}, "HOME": str(home / "home")}
         with open(home / "worker.log", "ab") as out:
             worker = subprocess.Popen(
                 [dask, "worker", address, "--nworkers", "1",

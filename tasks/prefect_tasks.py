@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from prefect import task
@@ -20,19 +22,42 @@ from tasks.closed_book_filter import run_closed_book_filter
 from tasks.evaluate import run_evaluate
 from tasks.generate import run_generate_round
 from tasks.retrieve import run_retrieve
-from tasks.stages import EvaluateStage, FilterStage, GenerateStage, RetrieveStage, Stage, VoteStage
+from tasks.stages import (
+    EvaluateStage,
+    FilterStage,
+    GenerateStage,
+    RetrieveStage,
+    RunContext,
+    Stage,
+    StageResult,
+    VoteStage,
+)
 from tasks.vote import run_vote
 
 
 def stage_task(stage: type[Stage], fn: Callable[..., Any]):
+    signature = inspect.signature(fn)
+
     @functools.wraps(fn)  # Prefect reads the stage function's own signature through it
-    def reporting(*args: Any, **kwargs: Any) -> Any:
-        run = kwargs["run"] if "run" in kwargs else args[0]
+    def on_this_machine(*args: Any, **kwargs: Any) -> StageResult:
+        """The stage where the task runs: its progress to the run's process; on a machine with a mirror of its own
+        of a store at a URL (a Dask worker), the stage worked in that mirror, the calls it made put in the bucket,
+        and its segment named as the run's process names it (tasks/stages.py `RunContext.on_this_machine`)."""
+        given = signature.bind(*args, **kwargs)
+        run: RunContext = given.arguments["run"]
         with progress_to_run(run.run_token):
-            return fn(*args, **kwargs)
+            here = run.on_this_machine()
+            if here is run:
+                return fn(*args, **kwargs)
+            given.arguments["run"] = here
+            result = fn(*given.args, **given.kwargs)
+            from tracking.store.remote import share_calls
+
+            share_calls(Path(here.store_root))
+            return result.named_under(run.store_root)
 
     return task(name=stage.task_name, cache_key_fn=lambda ctx, params: params["stage"].key,
-                persist_result=True)(reporting)
+                persist_result=True)(on_this_machine)
 
 
 def progress_topic(run_token: str) -> str:

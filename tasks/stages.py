@@ -12,6 +12,7 @@ Nothing here imports Prefect: flows/plan.py builds every stage of a run without 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from collections.abc import Sequence
@@ -25,6 +26,7 @@ from engines.llm_types import endpoint_identity
 from schemas.spec import ExperimentSpec
 from tracking.store.catalog import segment_exists
 from tracking.store.events import EventStore, stable_hash
+from tracking.store.mirrored import on_this_mirror
 
 if TYPE_CHECKING:
     from engines.llm import HeadStartCalls
@@ -53,6 +55,13 @@ class StageResult:
 
     def segment_exists(self) -> bool:
         return self.segment is None or segment_exists(self.segment)  # as its own file or compacted into a pack
+
+    def named_under(self, store_root: str) -> StageResult:
+        """The result with its segment named as the mirror at `store_root` names it (the run's own process's), not
+        as the worker's mirror that wrote it (tracking/store/mirrored.py)."""
+        if self.segment is None:
+            return self
+        return dataclasses.replace(self, segment=str(on_this_mirror(Path(store_root), self.segment)))
 
 
 def shard_id(qids: Sequence[str]) -> str:
@@ -96,6 +105,9 @@ class RunContext:
     # how many processes run this run's tasks (its Dask workers, counted when its flow starts: flows/runners.py
     # `task_processes`), each making its share of the model calls in flight (engines/concurrency.py)
     task_processes: int = 1
+    # the URL of the store when it is at one (its store_root then the run's process's mirror of it): a task on a
+    # machine whose mirror lies elsewhere (a Dask worker on another host) works in its own (`on_this_machine`)
+    store_url: str | None = None
     # the run's head start (flows/head_start.py), when `ragledger run` began it before Prefect was up; never with Dask
     head_start: HeadStartView | None = field(default=None, compare=False, repr=False)
 
@@ -105,6 +117,20 @@ class RunContext:
 
     def store(self) -> EventStore:
         return EventStore(self.store_root)
+
+    def on_this_machine(self) -> RunContext:
+        """The run as this process reaches its store: itself, or, where this machine's mirror of the store at
+        `store_url` is not `store_root` (a Dask worker with a home of its own, on this host or another), rooted at
+        that mirror, brought up to date once per run."""
+        if self.store_url is None:
+            return self
+        from tracking.store.remote import mirror_for_run, mirror_root
+
+        if mirror_root(self.store_url) == Path(self.store_root):
+            return self
+        root = mirror_for_run(self.store_url, self.run_token)
+        return dataclasses.replace(self, store_root=str(root),
+                                   questions_segment=str(on_this_mirror(root, self.questions_segment)))
 
     def questions(self, store: EventStore, qids: Sequence[str]):
         """The shard's questions, in shard order."""

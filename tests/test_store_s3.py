@@ -326,3 +326,47 @@ def test_a_second_machine_reruns_and_extends_with_the_bucket_s_calls(lab, s3, tm
                     env={**machine(s3, b, "home-c"), "RAGLEDGER_CACHED_ANSWER": "0"})
         assert third.returncode == 0, third.stderr[-3000:]
         assert server.calls == 0
+
+
+def test_dask_workers_with_homes_of_their_own_run_into_the_bucket(lab, s3, tmp_path):
+    """`ragledger run --scheduler` into an s3:// store on a cluster of infra/dask_cluster.sh, whose two workers each
+    have their own folder and HOME (their own mirror, call cache, indexes and Prefect home, as on other hosts) and
+    share with the run's process only the bucket, the scheduler and the model server: each works in its own mirror,
+    the run's outcomes are the local store's, and the calls the workers made reach the bucket, so another machine
+    reruns the experiment making none."""
+    import subprocess
+
+    ws, _ = lab
+    url = s3.url("dask-store")
+    make_data(tmp_path, 8)  # the lab's questions and corpus
+    run_env = machine(s3, tmp_path, "machine-d")
+    script = ["bash", str(Path(__file__).resolve().parent.parent / "infra" / "dask_cluster.sh")]
+    cluster_env = {**os.environ, **run_env, "RAGLEDGER_DASK_DIR": str(tmp_path / "dask"),
+                   "RAGLEDGER_DASK_PORT": str(free_port())}
+    started = subprocess.run([*script, "start"], cwd=tmp_path, env=cluster_env, capture_output=True, text=True,
+                             timeout=300)
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        scheduler = started.stdout.split("--scheduler ")[1].split(")")[0]
+        with ScriptedServer(answer=reader) as server:
+            spec = str(write_spec(tmp_path, server.base_url, name="exp"))
+            run = cli(tmp_path, "run", spec, "--store", url, "--scheduler", scheduler, "--json",
+                      str(tmp_path / "run.json"), env=run_env)
+            assert run.returncode == 0, run.stderr[-3000:]
+            made = server.calls
+    finally:
+        subprocess.run([*script, "stop"], cwd=tmp_path, env=cluster_env, capture_output=True, timeout=120)
+    summary = json.loads((tmp_path / "run.json").read_text())
+    assert summary["task_processes"] == 2 and made == summary["llm_calls"] > 0
+    for worker in ("worker-0", "worker-1"):  # each wrote segments into a mirror of its own
+        written = list((tmp_path / "dask" / worker / "home").glob(".cache/ragledger/stores/*/generations/exp/seg-*"))
+        assert written, f"{worker} wrote no generation segment in its own mirror"
+    local = frame(cli(ws, "query", OUTCOMES, "--store", str(ws / "local"), "--format", "json"))
+    remote = frame(cli(tmp_path, "query", OUTCOMES, "--store", url, "--format", "json",
+                       env=machine(s3, tmp_path, "machine-e")))
+    pd.testing.assert_frame_equal(remote, local)
+    with ScriptedServer(answer=reader) as server:
+        again = cli(tmp_path, "run", spec, "--store", url, env={**machine(s3, tmp_path, "machine-f"),
+                                                                "RAGLEDGER_CACHED_ANSWER": "0"})
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert server.calls == 0  # every call the workers made came from the bucket's call packs

@@ -129,9 +129,12 @@ def split_packed(paths: list[str | Path]) -> tuple[list[str | Path], dict[Path, 
 
 
 def segment_exists(path: str | Path) -> bool:
-    """Whether the store holds the segment at `path`: as its own file, or compacted into a pack that is there."""
+    """Whether the store holds the segment at `path`: as its own file, or compacted into a pack that is there; in a
+    mirror of a store at a URL, also as an object its bucket holds (fetched now: another machine wrote it)."""
+    from tracking.store.mirrored import fetched
+
     pack = packed_in(path)
-    return pack.exists() if pack is not None else Path(path).exists()
+    return pack.exists() if pack is not None else Path(path).exists() or fetched(path)
 
 
 @contextlib.contextmanager

@@ -44,6 +44,7 @@ from tracking.store.catalog import (
     split_packed,
 )
 from tracking.store.duck import earliest_rows
+from tracking.store.mirrored import on_this_mirror, origin_url
 
 # derived, rebuildable views of the segments (overlap sets, cell metrics) live under <store>/projections/
 PROJECTIONS_DIR = "projections"
@@ -244,6 +245,8 @@ class EventStore:
         as files or compacted) when given, else every event of the experiment (or store). A segment's column of an
         earlier name reads under its name now (`strategy` as `reader`: schemas/records.RENAMED_COLUMNS)."""
         wanted = None if paths is None else [p for p in paths if p is not None]
+        if wanted and origin_url(self.root) is not None:  # a mirror: files another machine's mirror named, fetched
+            wanted = [self._on_this_mirror(p) for p in wanted]
         with reading(self.root):  # no compaction deletes a listed file before it is read (tracking/store/catalog.py)
             frames = self._frames(kind, experiment, wanted)
         if not frames:
@@ -254,6 +257,11 @@ class EventStore:
         # copies of an event: the one every reader keeps (tracking/store/duck.py), the rows otherwise in their order
         files = [str(name) for name, frame in frames for _ in range(len(frame))]
         return events.iloc[earliest_rows(events, files)].reset_index(drop=True)
+
+    def _on_this_mirror(self, path: Path | str) -> Path:
+        here = on_this_mirror(self.root, path)
+        segment_exists(here)  # fetched from the bucket when this mirror lacks it
+        return here
 
     def _frames(self, kind: str, experiment: str | None,
                 paths: list[Path | str] | None) -> list[tuple[Path, pd.DataFrame]]:

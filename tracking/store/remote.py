@@ -31,7 +31,6 @@ import json
 import os
 import threading
 from collections.abc import Iterator
-from functools import lru_cache
 from pathlib import Path
 
 from core.atomic import atomic_write_bytes, atomic_write_text
@@ -39,9 +38,9 @@ from core.paths import StoreLayout, cache_home
 from schemas.kinds import RECORD_KINDS
 from tracking.store.catalog import CATALOG_DIR, PackEntry, load_catalog
 from tracking.store.identity import NotAStoreError, StoreState, classify
+from tracking.store.mirrored import ORIGIN, objects_at, origin_url
 from tracking.store.objects import ConflictError, S3Objects, StorageError, endpoint, is_s3_url, s3_objects
 
-ORIGIN = "origin.json"
 TAGS = "tags.json"
 IMPORTED = "callpacks.json"  # the call packs this mirror's cache holds every call of (imported, or put by it)
 PACK_SUFFIX = ".jsonl.gz"
@@ -124,23 +123,10 @@ def _save_tag(root: Path, key: str, tag: str, data: bytes) -> None:
         atomic_write_text(root / StoreLayout.REMOTE / TAGS, json.dumps(tags, sort_keys=True))
 
 
-@lru_cache(maxsize=64)
-def _origin(root: Path) -> str | None:
-    try:
-        return json.loads((root / StoreLayout.REMOTE / ORIGIN).read_text())["url"]
-    except (FileNotFoundError, NotADirectoryError, ValueError, KeyError):
-        return None
-
-
 def remote_of(root: str | Path) -> S3Objects | None:
     """The bucket a mirror stands for; None for a store that is its own folder."""
-    url = _origin(Path(root))
-    return _objects(url) if url else None
-
-
-@lru_cache(maxsize=16)
-def _objects(url: str) -> S3Objects:
-    return s3_objects(url)
+    url = origin_url(Path(root))
+    return objects_at(url) if url else None
 
 
 def open_remote(url: str, what: str = "--store", creating: bool = False, writing: bool = False) -> Path:
@@ -161,7 +147,7 @@ def open_remote(url: str, what: str = "--store", creating: bool = False, writing
     root = mirror_root(url)
     (root / StoreLayout.REMOTE).mkdir(parents=True, exist_ok=True)
     atomic_write_text(root / StoreLayout.REMOTE / ORIGIN, json.dumps({"url": url.rstrip("/")}))
-    _origin.cache_clear()
+    origin_url.cache_clear()
     pull_down(root, objects)
     return root
 
@@ -261,7 +247,7 @@ def import_calls(root: Path) -> int:
                 added += callpack.import_file(path, cache).added
             except callpack.CallPackError as exc:
                 why = str(exc).removeprefix(f"{path}: ")
-                raise StorageError(f"{_origin(root)}/{StoreLayout.CALLPACKS}/{path.name}: {why}") from None
+                raise StorageError(f"{origin_url(root)}/{StoreLayout.CALLPACKS}/{path.name}: {why}") from None
             done.add(path.name)
             _save_imported(root, done)
     finally:
@@ -299,6 +285,33 @@ def publish_calls(root: Path) -> str | None:
     callpack.write(root / StoreLayout.CALLPACKS / name, data)
     _save_imported(root, _imported(root) | {name})
     return f"{StoreLayout.CALLPACKS}/{name}"
+
+
+_run_mirrors: dict[tuple[str, str], Path] = {}
+_run_mirrors_lock = threading.Lock()
+_calls_lock = threading.Lock()
+
+
+def mirror_for_run(url: str, run_token: str) -> Path:
+    """This machine's mirror of the store at `url`, brought up to date once for the run `run_token`: a Dask worker
+    on another host, whose first task of a run fetches what the bucket holds (the calls other machines made
+    included), reaches the rest of the run's records as it reads them (tracking/store/mirrored.py)."""
+    with _run_mirrors_lock:
+        if (url, run_token) not in _run_mirrors:
+            _run_mirrors[(url, run_token)] = open_remote(url, writing=True)
+        return _run_mirrors[(url, run_token)]
+
+
+def share_calls(root: Path) -> None:
+    """The mirror's model calls that no call pack holds yet, put in its bucket now as one pack: a Dask worker's, after
+    each of its tasks (it has no command's end to push them at), so another machine makes none of them again."""
+    objects = remote_of(root)
+    if objects is None:
+        return
+    with _calls_lock:  # a worker's tasks end in several threads: each of its calls in one pack
+        key = publish_calls(root)
+        if key is not None:
+            objects.put_new(key, (root / key).read_bytes())
 
 
 def put_segment(root: Path, path: Path) -> None:
@@ -400,5 +413,5 @@ def local_root(location: str | os.PathLike[str], what: str = "--store", creating
     return str(open_remote(text, what, creating, writing)) if is_s3_url(text) else text
 
 
-__all__ = ["ConflictError", "StorageError", "import_calls", "local_root", "open_remote", "publish_calls", "pull_down",
-           "push_up", "pushed", "put_segment", "remote_of"]
+__all__ = ["ConflictError", "StorageError", "import_calls", "local_root", "mirror_for_run", "open_remote", "publish_calls",
+           "pull_down", "push_up", "pushed", "put_segment", "remote_of", "share_calls"]
