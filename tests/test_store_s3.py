@@ -361,6 +361,15 @@ def test_dask_workers_with_homes_of_their_own_run_into_the_bucket(lab, s3, tmp_p
     for worker in ("worker-0", "worker-1"):  # each wrote segments into a mirror of its own
         written = list((tmp_path / "dask" / worker / "home").glob(".cache/ragledger/stores/*/generations/exp/seg-*"))
         assert written, f"{worker} wrote no generation segment in its own mirror"
+    # every record file on the disks of the run's process and of the workers lies in a mirror of the store (a folder
+    # naming its URL) and is in the bucket under the same name: none was written beside it, in a working directory
+    # (MLflow's artifact store, local here, holds the copies the run logged: an s3:// one in test_mlflow_s3_artifacts)
+    in_bucket = set(s3.keys(url))
+    for path in tmp_path.rglob("*.parquet"):
+        if path.name.startswith(("seg-", "pack-")) and not {"projections", "mlartifacts"} & set(path.parts):
+            root = path.parents[2]
+            assert json.loads((root / ".remote" / "origin.json").read_text())["url"] == url, path
+            assert path.relative_to(root).as_posix() in in_bucket, path
     local = frame(cli(ws, "query", OUTCOMES, "--store", str(ws / "local"), "--format", "json"))
     remote = frame(cli(tmp_path, "query", OUTCOMES, "--store", url, "--format", "json",
                        env=machine(s3, tmp_path, "machine-e")))
