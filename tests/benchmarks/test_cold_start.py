@@ -15,7 +15,9 @@ questions, bm25@5, Post-Fusion, concurrency 64, answers after 100 ms). Reported,
   store, where only the answers' embeddings are kept from the first run;
 - the same command while the directory's `ragledger server` runs (no temporary Prefect server to start);
 - the same command with `--runner dask --workers 2` (the run's own local cluster), and twice on a long-lived cluster
-  of 2 workers (`--scheduler`), whose second run finds corpus, JVM and embedding model loaded in its workers.
+  of 2 workers (`--scheduler`), whose second run finds corpus, JVM and embedding model loaded in its workers;
+- twice with the store at an s3:// URL on a long-lived cluster whose two workers each have a HOME of their own
+  (infra/dask_cluster.sh): the first run builds each worker's index, the second finds it loaded.
 
 Before the timed commands, one `ragledger run` of 20 questions into another store in the same directory builds
 the BM25 index if needed and creates the directory's Prefect and MLflow databases, as a user's earlier runs would.
@@ -315,3 +317,59 @@ def test_p1_cold_on_two_dask_workers_beside_the_thread_runner(benchmark, latency
         cluster.stdin.close()
         cluster.wait(timeout=60)
     record_result("p1_cold_dask_2_workers", figures)
+
+
+def test_p1_cold_on_two_workers_of_their_own_into_an_s3_store(benchmark, latency_server, tmp_path,  # noqa: F811
+                                                              record_result):
+    """The same P1 command with the store at an s3:// URL (moto's S3 server, its own process) on a long-lived cluster
+    of infra/dask_cluster.sh: two workers, each in a folder and HOME of its own (its own mirror, call cache, Prefect
+    home and BM25 index, as on other hosts; its models installed there as infra/setup.sh would), sharing with the run
+    only the bucket, the scheduler and the model server. Twice, into two stores (every call made again): the first
+    run builds each worker's BM25 index over the SQuAD paragraphs, the second finds it, the JVM and the searcher
+    loaded. Ratios against a fresh bare loop measured before and after the two runs."""
+    from core.paths import cache_home
+    from tests.servers import S3Server
+
+    work = tmp_path / "shell"
+    spec = prepared_directory(work, latency_server)
+    before = fresh_bare_loop(work, latency_server)
+    with S3Server() as s3:
+        env = user_env() | s3.env
+        script = ["bash", str(Path(__file__).resolve().parents[2] / "infra" / "dask_cluster.sh")]
+        cluster_env = env | {"RAGLEDGER_DASK_DIR": str(tmp_path / "dask"), "RAGLEDGER_DASK_PORT": str(free_port())}
+        for i in range(2):  # the models a host's infra/setup.sh installs, nothing else of this machine's cache home
+            models = tmp_path / "dask" / f"worker-{i}" / "home" / ".cache" / "ragledger"
+            models.mkdir(parents=True)
+            (models / "models").symlink_to(cache_home() / "models")
+        started = subprocess.run([*script, "start"], cwd=work, env=cluster_env, capture_output=True, text=True,
+                                 timeout=300)
+        assert started.returncode == 0, started.stdout + started.stderr
+        address = started.stdout.split("--scheduler ")[1].split(")")[0]
+        runs: list[tuple[float, float, dict]] = []
+        urls = {store: s3.url(store) for store in ("s3-first", "s3-second")}  # a URL names a new store each time
+
+        def run_into(store: str) -> None:
+            out = work / f"{store}.json"
+            server_stats(latency_server, reset=True)
+            t, began = time.perf_counter(), time.time()
+            proc = subprocess.run([str(RAGLEDGER), "run", str(spec), "--store", urls[store], "--scheduler", address,
+                                   "--json", str(out)], cwd=work, env=env, capture_output=True, text=True)
+            seconds = time.perf_counter() - t
+            assert proc.returncode == 0, proc.stderr[-4000:]
+            summary = json.loads(out.read_text())
+            assert 0.99 * CALLS <= summary["llm_calls"] <= CALLS and summary["task_processes"] == 2, summary
+            runs.append((seconds, round(server_stats(latency_server)["first_request_at"] - began, 2), summary))
+
+        try:
+            run_into("s3-first")
+            benchmark.pedantic(lambda: run_into("s3-second"), rounds=1, iterations=1)
+            objects = len(s3.keys(urls["s3-second"]))
+        finally:
+            subprocess.run([*script, "stop"], cwd=work, env=cluster_env, capture_output=True, timeout=120)
+    bare = bracketed(before, fresh_bare_loop(work, latency_server))
+    figures = {"bare_loop_command_s": round(bare["command_s"], 2), "bare_loop_s": round(bare["loop_s"], 2),
+               "bare_loop_drift": bare["drift"], "objects_in_bucket": objects}
+    for name, result in zip(("s3_workers_run_1", "s3_workers_run_2"), runs, strict=True):
+        figures |= run_figures(name, bare, *result)
+    figures["target"] = "s3_workers_run_2_ratio_calls_per_s >= 0.85"
+    record_result("p1_cold_s3_store_on_two_workers_of_their_own", figures)
