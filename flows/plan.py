@@ -179,7 +179,8 @@ def plan(spec: ExperimentSpec, questions: Sequence[Question], *, store_root: str
     sampled = [q.qid for q in questions]
     dropped = frozenset(closed_book_dropped) if closed_book_dropped is not None else None
     qids = [q for q in sampled if q not in (dropped or ())]
-    shards = tuple(Shard(shard_id(s), tuple(s)) for s in shard(qids, spec.execution.shard_size))
+    size = spec.execution.shard_size_for(len(sampled))  # of the sampled questions: the same before and after the filter
+    shards = tuple(Shard(shard_id(s), tuple(s)) for s in shard(qids, size))
     cells = tuple(Cell(r, e.key, spec.model.display_name) for r in spec.retrievers for e in spec.reader_entries())
     filters = filter_stages(spec, sampled, dataset_key, mkey)
     retrieves = {(r, s.id): retrieve_stage(r, s, dataset_key, corpus, store_root, mkey)
@@ -199,7 +200,7 @@ def filter_stages(spec: ExperimentSpec, qids: list[str], dataset_key: str, mkey:
     if not spec.dataset.closed_book_filter:
         return ()
     return tuple(FilterStage(dataset_key, mkey, Concatenation.prompt_version, spec.model.display_name, tuple(s))
-                 for s in shard(qids, spec.execution.shard_size))
+                 for s in shard(qids, spec.execution.shard_size_for(len(qids))))
 
 
 def retrieve_stage(retriever: str, s: Shard, dataset_key: str, corpus_hash: str, store_root: str,

@@ -157,12 +157,25 @@ class ModelSpec(_Strict):
         return self.embedded_model if self.backend == "embedded" else self.name
 
 
+# A run's default shards: at least SHARD_MIN questions each, at most SHARDS_AT_MOST of them. Each task run costs
+# Prefect ~0.1 s of this 2-core machine's CPU: at 25 questions a shard, 2,000 questions made 320 tasks and
+# half a minute of them (docs/performance.md, "The fixed cost of a small run")
+SHARD_MIN, SHARDS_AT_MOST = 25, 16
+
+
 class ExecutionSpec(_Strict):
-    shard_size: int = Field(25, gt=0, description="questions per Prefect task run")
+    shard_size: int | None = Field(None, gt=0, description="questions per Prefect task run (default: 25, or more so "
+                                   "that a run has at most 16 shards)")
     runner: Literal["thread", "dask"] = Field("thread", description="Prefect task runner: threads in this process, or Dask")
     workers: int = Field(2, gt=0, description="Dask: worker processes of the local cluster")
     scheduler_address: str | None = Field(None, description="Dask: an existing scheduler (tcp://host:8786), not a local "
                                           "cluster; implies runner: dask")
+
+    def shard_size_for(self, questions: int) -> int:
+        """Questions per shard of a run over `questions` sampled questions: the given size, else the default."""
+        if self.shard_size is not None:
+            return self.shard_size
+        return max(SHARD_MIN, -(-questions // SHARDS_AT_MOST))
 
     @model_validator(mode="before")
     @classmethod

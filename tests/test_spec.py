@@ -109,3 +109,12 @@ def test_every_choice_field_names_the_value_given():
             model.model_validate({name: "no-such-choice"})
         message = spec_module._format_errors("spec.yaml", exc.value)
         assert f"field '{name}': 'no-such-choice' is not one of '" in message, (model.__name__, message)
+
+
+def test_a_runs_default_shards_are_25_questions_or_more_so_that_there_are_at_most_16():
+    from schemas.spec import ExecutionSpec
+
+    default = ExecutionSpec()
+    # 20 questions: one shard of 25; 400: 16 of 25; 401: 16 of 26 (the last of 11); 2,000: 16 of 125
+    assert [default.shard_size_for(n) for n in (20, 400, 401, 2000)] == [25, 25, 26, 125]
+    assert ExecutionSpec(shard_size=10).shard_size_for(2000) == 10  # a given size is kept
