@@ -70,6 +70,7 @@ def _launched(spec: AnySpec, options: RunOptions, host: Host) -> dict[str, Any]:
 
     with host.running(spec):
         head_start = HeadStart.begin(spec, options.store_root, options.runner, options.base_url, planned)
+        _preload_mlflow(spec)
         with host.prefect_api(_import_flow_modules):
             from flows.sweep import run_spec
 
@@ -120,6 +121,19 @@ def _import_flow_modules() -> None:
     server starts in its own process. Nothing heavier is imported before the first model call: torch, transformers
     and sentence-transformers never, MLflow inside the functions that use it (tests/test_cold_start_imports.py)."""
     import flows.sweep  # noqa: F401
+
+
+def _preload_mlflow(spec: AnySpec) -> None:
+    """MLflow imported and its tracking store opened in a thread from now on (seconds), beside the start of Prefect's
+    temporary server in its own process (or the flow's first tasks): a small run's end waited for it otherwise, its
+    calls too few to hide it (docs/performance.md, "The fixed cost of a small run"). After the head start's first
+    calls have left, not before them."""
+    import threading
+
+    from tracking.mlflow.log import preload, resolve_tracking_uri
+
+    threading.Thread(target=preload, args=(resolve_tracking_uri(spec.tracking.mlflow_uri),), daemon=True,
+                     name="ragledger-mlflow-preload").start()
 
 
 def preflight(spec: AnySpec, say: Callable[[str], None] | None = None) -> None:
