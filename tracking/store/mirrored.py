@@ -48,6 +48,8 @@ def fetched(path: str | Path) -> bool:
     """Whether the record file at `path`, missing from the mirror it lies in, was fetched from that mirror's bucket
     now; False for a folder store, and for a name the bucket does not hold either."""
     p = Path(path)
+    if len(p.parents) < 3:  # not <root>/<kind>/<experiment>/<file>
+        return False
     root = p.parents[2]
     url = origin_url(root)
     if url is None:
