@@ -51,9 +51,10 @@ def stage_task(stage: type[Stage], fn: Callable[..., Any]):
                 return fn(*args, **kwargs)
             given.arguments["run"] = here
             result = fn(*given.args, **given.kwargs)
-            from tracking.store.remote import share_calls
+            if result.counters.get("llm_calls"):  # a task that called the model (a pack scans the whole cache)
+                from tracking.store.remote import share_calls
 
-            share_calls(Path(here.store_root))
+                share_calls(Path(here.store_root))
             return result.named_under(run.store_root)
 
     return task(name=stage.task_name, cache_key_fn=lambda ctx, params: params["stage"].key,
