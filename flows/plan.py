@@ -182,7 +182,7 @@ def plan(spec: ExperimentSpec, questions: Sequence[Question], *, store_root: str
     size = spec.execution.shard_size_for(len(sampled))  # of the sampled questions: the same before and after the filter
     shards = tuple(Shard(shard_id(s), tuple(s)) for s in shard(qids, size))
     cells = tuple(Cell(r, e.key, spec.model.display_name) for r in spec.retrievers for e in spec.reader_entries())
-    filters = filter_stages(spec, sampled, dataset_key, mkey)
+    filters = filter_stages(spec, sampled, size, dataset_key, mkey)
     retrieves = {(r, s.id): retrieve_stage(r, s, dataset_key, corpus, store_root, mkey)
                  for r in spec.retrievers for s in shards}
     generates, votes, evaluates = {}, {}, {}
@@ -196,11 +196,12 @@ def plan(spec: ExperimentSpec, questions: Sequence[Question], *, store_root: str
                           retrieves, generates, votes, evaluates)
 
 
-def filter_stages(spec: ExperimentSpec, qids: list[str], dataset_key: str, mkey: str) -> tuple[FilterStage, ...]:
+def filter_stages(spec: ExperimentSpec, qids: list[str], size: int, dataset_key: str,
+                  mkey: str) -> tuple[FilterStage, ...]:
     if not spec.dataset.closed_book_filter:
         return ()
     return tuple(FilterStage(dataset_key, mkey, Concatenation.prompt_version, spec.model.display_name, tuple(s))
-                 for s in shard(qids, spec.execution.shard_size_for(len(qids))))
+                 for s in shard(qids, size))
 
 
 def retrieve_stage(retriever: str, s: Shard, dataset_key: str, corpus_hash: str, store_root: str,

@@ -25,29 +25,30 @@ def task_runner_for(runner: str, workers: int, scheduler_address: str | None = N
                                           "dashboard_address": None})
 
 
-def task_processes() -> int:
-    """Inside the flow: how many processes run its tasks, each with its share of model.concurrency
-    (engines/concurrency.py): the flow's own, or the Dask workers the scheduler has when the flow starts (a local
-    cluster's, or a long-lived one's, wherever they run). A worker that joins later takes the same share."""
+def _flows_dask_runner():
+    """Inside the flow: its Dask task runner, or None for threads (whose runs never import prefect_dask)."""
     if "prefect_dask" not in sys.modules:
-        return 1
+        return None
     from prefect.context import get_run_context
     from prefect_dask import DaskTaskRunner
 
     runner = get_run_context().task_runner
-    return max(1, len(runner.client.nthreads())) if isinstance(runner, DaskTaskRunner) else 1
+    return runner if isinstance(runner, DaskTaskRunner) else None
+
+
+def task_processes() -> int:
+    """Inside the flow: how many processes run its tasks, each with its share of model.concurrency
+    (engines/concurrency.py): the flow's own, or the Dask workers the scheduler has when the flow starts (a local
+    cluster's, or a long-lived one's, wherever they run). A worker that joins later takes the same share."""
+    runner = _flows_dask_runner()
+    return 1 if runner is None else max(1, len(runner.client.nthreads()))
 
 
 def task_progress(run_token: str) -> contextlib.AbstractContextManager:
     """Inside the flow: the progress of its tasks reaching this process's display. Tasks in threads report to it
     directly; tasks on Dask workers through the scheduler (flows/dask_workers.py `progress_from_workers`)."""
-    if "prefect_dask" not in sys.modules:  # the thread runner never imports it
-        return contextlib.nullcontext()
-    from prefect.context import get_run_context
-    from prefect_dask import DaskTaskRunner
-
-    runner = get_run_context().task_runner
-    if not isinstance(runner, DaskTaskRunner):
+    runner = _flows_dask_runner()
+    if runner is None:
         return contextlib.nullcontext()
     from flows.dask_workers import progress_from_workers
 

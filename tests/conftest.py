@@ -27,6 +27,7 @@ SLOW = {
     "tests/test_report_browser.py",  # headless Chromium
     "tests/test_flow_readers.py",  # every reader strategy through the flow
     "tests/test_flow_scripted.py",  # the flow end to end, with faults, and reruns
+    "tests/test_dask_progress.py",  # a run on a local Dask cluster of two worker processes (~30 s)
     # a flow run through ragledger.run (~60-90 s on 2 busy cores), then docs/walkthrough.ipynb in a kernel (~20 s)
     "tests/test_notebook.py::test_run_returns_the_execution_its_readers_table_and_mlflow_run",
     "tests/test_notebook.py::test_the_walkthrough_notebook_runs_in_a_kernel",

@@ -25,6 +25,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tracking.store.mirrored import fetched
+
 CATALOG_DIR = "compacted"
 READERS_LOCK = ".readers.lock"  # in CATALOG_DIR: shared by readers, exclusive while a compaction deletes files
 CATALOG_VERSION = 1
@@ -131,8 +133,6 @@ def split_packed(paths: list[str | Path]) -> tuple[list[str | Path], dict[Path, 
 def segment_exists(path: str | Path) -> bool:
     """Whether the store holds the segment at `path`: as its own file, or compacted into a pack that is there; in a
     mirror of a store at a URL, also as an object its bucket holds (fetched now: another machine wrote it)."""
-    from tracking.store.mirrored import fetched
-
     pack = packed_in(path)
     return pack.exists() if pack is not None else Path(path).exists() or fetched(path)
 
