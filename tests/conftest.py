@@ -98,9 +98,6 @@ EXTENDED = {
     # a Dask worker killed mid-run: kill -9 of the run's own process in test_reliability.py, Dask's workers in
     # test_dask_progress.py
     "tests/test_operations.py::test_a_dask_worker_killed_mid_run_leaves_the_same_outcomes",
-    # Dask workers with homes of their own into a bucket (3 minutes): the bucket's store from several machines in
-    # test_store_s3.py's lab, Dask's workers in test_dask_progress.py
-    "tests/test_store_s3.py::test_dask_workers_with_homes_of_their_own_run_into_the_bucket",
     "tests/test_operations.py::test_a_long_lived_dask_cluster_sends_each_runs_task_events_to_that_runs_prefect_server",
     "tests/test_operations.py::test_a_scheduled_deployment_fires_and_its_mlflow_runs_appear",  # Prefect's scheduler
     # two machines through MLflow on PostgreSQL, analyse, trace, extend: the pull over PostgreSQL and a rerun from a
