@@ -141,6 +141,11 @@ class LLMCallCache:
             self.may_hold_url_keys = True
             return added
 
+    def all_keys(self) -> list[str]:
+        """Every key, in key order, without reading the responses."""
+        with self._lock:
+            return [k for (k,) in self._conn.execute("SELECT key FROM llm_calls ORDER BY key")]
+
     def items(self) -> Iterator[tuple[str, dict[str, Any]]]:
         """Every (key, response), in key order (a whole-cache export)."""
         with self._lock:

@@ -53,7 +53,10 @@ def launch(spec: AnySpec, options: RunOptions, host: Host) -> dict[str, Any]:
     preflight(spec, host.say)
     from tracking.store.remote import pushed
 
-    with pushed(options.store_root):  # a store at an s3:// URL: manifests, packs, catalog, calls (none for a folder)
+    # a store at an s3:// URL: manifests, packs, catalog, calls (none for a folder); the segments too when no worker
+    # of another process reads them during the run
+    one_process = (options.runner or spec.execution.runner) == "thread"
+    with pushed(options.store_root, segments_at_end=one_process):
         return _launched(spec, options, host)
 
 

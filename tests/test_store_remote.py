@@ -10,9 +10,9 @@ import pytest
 from tests.servers import S3Server
 from tests.test_store_identity import questions_store
 from tracking.store.compaction import compact_experiment
-from tracking.store.events import EventStore
+from tracking.store.events import EventStore, event_id, new_events
 from tracking.store.objects import ConflictError
-from tracking.store.remote import open_remote, push_up
+from tracking.store.remote import open_remote, push_up, pushed
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +63,29 @@ def test_segments_go_to_the_bucket_as_written_and_catalogs_by_compare_and_swap(b
     assert (b / "compacted" / "exp.json").read_text() == (a / "compacted" / "exp.json").read_text()
     assert EventStore(b).read("questions")["qid"].tolist() == ["q1"]
     assert EventStore(b).segments("questions")[0].name.startswith("pack-")
+
+
+def test_a_run_in_one_process_puts_its_segments_at_its_end_and_compacted_ones_never(bucket, tmp_path, monkeypatch):
+    """`pushed(..., segments_at_end=True)` (a run on the thread runner): nothing is put while the command writes;
+    at its end the segments go to the bucket, except those a compaction already replaced by a pack, which are put
+    neither then nor later; the next command on the mirror puts segments as they are written again."""
+    url = bucket.url("at-end")
+    a = on(tmp_path / "a", monkeypatch, url, creating=True)
+    with pushed(a, segments_at_end=True):
+        questions_store(a)
+        assert not [k for k in bucket.keys(url) if k.startswith("questions/")]
+    assert [k for k in bucket.keys(url) if k.startswith("questions/")] == \
+        [p.relative_to(a).as_posix() for p in EventStore(a).segments("questions")]
+    url = bucket.url("compacted-at-end")
+    c = on(tmp_path / "c", monkeypatch, url, creating=True)
+    with pushed(c, segments_at_end=True):
+        questions_store(c)
+        compact_experiment(EventStore(c), "exp")
+    assert [k.split("/")[-1][:5] for k in bucket.keys(url) if k.startswith("questions/")] == ["pack-"]
+    EventStore(c).write("questions", new_events("questions", "exp2", [{
+        "event_id": event_id("questions", "exp2", "q2"), "cell": "", "qid": "q2", "dataset": "jsonl",
+        "question": "Which?", "answers": ["A"], "gold_pids": []}]))
+    assert [k for k in bucket.keys(url) if k.startswith("questions/exp2/seg-")]
 
 
 def test_what_a_committed_catalog_made_unread_is_not_fetched_again(bucket, tmp_path, monkeypatch):

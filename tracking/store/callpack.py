@@ -70,7 +70,7 @@ def build(cache: LLMCallCache, calls: dict[str, dict[str, Any]],
 
 def build_all(cache: LLMCallCache, header: dict[str, Any] | None = None) -> tuple[bytes, dict[str, Any]]:
     """The pack of every call in `cache` (no request details: a whole cache does not say which records asked)."""
-    return build(cache, {k: {} for k, _ in cache.items()}, header)
+    return build(cache, {k: {} for k in cache.all_keys()}, header)
 
 
 def write(path: str | Path, data: bytes) -> None:

@@ -7,7 +7,8 @@ step with the bucket through the storage seam (tracking/store/objects.py):
 - before a command reads, `pull_down` fetches every object the mirror lacks (by name: a segment or pack is content-
   named, so one already held is the same bytes) and every updated file (a catalog, a run manifest) whose tag changed;
   DuckDB and pyarrow then read local files: no httpfs extension, nothing downloaded by DuckDB at run time;
-- a segment is put in the bucket as it is written (EventStore.write calls `put_segment`), create-only;
+- a segment is put in the bucket as it is written (EventStore.write calls `put_segment`), create-only; a run on the
+  thread runner, which no other process reads while it runs, puts its segments at its end instead (`pushed`);
 - when a command that writes ends (a run, a compaction), `push_up` puts every other durable file: packs create-only,
   catalogs and manifests by compare-and-swap against the tag last seen, so a writer that did not see another's
   commit fails instead of overwriting it; after a compaction, `collect` deletes the objects its committed catalog
@@ -275,7 +276,7 @@ def publish_calls(root: Path) -> str | None:
     cache = LLMCallCache(cache_file)
     try:
         # no request details: the cache does not say which records asked (as `ragledger cache export` without --experiment)
-        fresh = {k: {} for k, _ in cache.items() if k not in known}
+        fresh = {k: {} for k in cache.all_keys() if k not in known}
         if not fresh:
             return None
         data, head = callpack.build(cache, fresh)
@@ -314,8 +315,15 @@ def share_calls(root: Path) -> None:
             objects.put_new(key, (root / key).read_bytes())
 
 
+# mirrors whose segments wait for the command's end (`pushed(..., segments_at_end=True)`)
+_segments_at_end: set[Path] = set()
+
+
 def put_segment(root: Path, path: Path) -> None:
-    """Put one content-named record file of a mirror in its bucket (create-only); nothing for a folder store."""
+    """Put one content-named record file of a mirror in its bucket (create-only); nothing for a folder store, nor
+    while the command writing the mirror puts its segments at its end."""
+    if Path(root) in _segments_at_end:
+        return
     objects = remote_of(root)
     if objects is not None:
         objects.put_new(path.relative_to(root).as_posix(), path.read_bytes())
@@ -360,16 +368,26 @@ def push_up(root: str | Path, collect: bool = False) -> int:
 
 
 @contextlib.contextmanager
-def pushed(root: str | Path) -> Iterator[None]:
+def pushed(root: str | Path, segments_at_end: bool = False) -> Iterator[None]:
     """Around a command that writes the store at `root`: at its end, what it wrote goes to the bucket and the objects
     committed catalogs made unread are collected; when it fails, what it did write still goes (its own error is the
-    one raised). Nothing for a folder store."""
+    one raised). Nothing for a folder store.
+
+    `segments_at_end`: no process but this one reads the command's segments before it ends (a run on the thread
+    runner), so they are not put as they are written but with the rest at the end: the segments a compaction at the
+    run's end replaced by packs are never put (nor deleted later), two requests fewer per segment. A killed command
+    leaves them in the mirror, and the next command that writes it puts them."""
+    deferred = segments_at_end and remote_of(Path(root)) is not None
+    if deferred:
+        _segments_at_end.add(Path(root))
     try:
         yield
     except BaseException:
         with contextlib.suppress(Exception):
             push_up(root)
         raise
+    finally:
+        _segments_at_end.discard(Path(root))
     push_up(root, collect=True)
 
 
