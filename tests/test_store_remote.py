@@ -184,3 +184,17 @@ def test_a_damaged_call_pack_is_one_error_naming_it_and_imports_nothing(bucket, 
     assert all(r["text"] != "Bonn" for r in _cached(b).values())  # nothing of the damaged pack
     imported = b / ".remote" / "callpacks.json"
     assert not imported.exists() or f"{'e' * 32}.jsonl.gz" not in imported.read_text()
+
+
+def test_a_long_lived_worker_remembers_the_mirrors_of_its_latest_runs_only(bucket, tmp_path, monkeypatch):
+    """A worker opens the store's mirror once per run (`mirror_for_run`) and keeps the latest RUN_MIRRORS_KEPT runs'
+    entries, not one for every run it ever served."""
+    from tracking.store import remote
+
+    url = bucket.url("runs")
+    questions_store(on(tmp_path / "w", monkeypatch, url, creating=True))  # a store: a record in the bucket
+    monkeypatch.setattr(remote, "_run_mirrors", type(remote._run_mirrors)())
+    monkeypatch.setattr(remote, "RUN_MIRRORS_KEPT", 3)  # each new run's entry opens the mirror: a listing
+    mirrors = {remote.mirror_for_run(url, f"run-{i}") for i in range(5)}
+    assert remote.mirror_for_run(url, "run-4") in mirrors and len(mirrors) == 1  # one mirror, whichever run asks
+    assert list(remote._run_mirrors) == [(url, "run-2"), (url, "run-3"), (url, "run-4")]

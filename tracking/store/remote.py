@@ -26,7 +26,9 @@ the tags of the updated files as last seen.
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -272,7 +274,7 @@ def publish_calls(root: Path) -> str | None:
         return None
     known: set[str] = set()
     for path in (root / StoreLayout.CALLPACKS).glob(f"*{PACK_SUFFIX}"):
-        known.update(c["key"] for c in callpack.read(path).calls)
+        known.update(_keys_of_pack(str(path), path.stat().st_size))
     cache = LLMCallCache(cache_file)
     try:
         # no request details: the cache does not say which records asked (as `ragledger cache export` without --experiment)
@@ -288,7 +290,17 @@ def publish_calls(root: Path) -> str | None:
     return f"{StoreLayout.CALLPACKS}/{name}"
 
 
-_run_mirrors: dict[tuple[str, str], Path] = {}
+@functools.lru_cache(maxsize=64)
+def _keys_of_pack(path: str, size: int) -> frozenset[str]:
+    """The call keys a call pack holds, read once per process: a pack is named by its content, and a Dask worker
+    publishes after each task that called the model (`size` tells a pack rewritten under the same name)."""
+    from tracking.store import callpack
+
+    return frozenset(c["key"] for c in callpack.read(path).calls)
+
+
+RUN_MIRRORS_KEPT = 32  # runs a long-lived worker remembers its mirror for (one small entry each)
+_run_mirrors: collections.OrderedDict[tuple[str, str], Path] = collections.OrderedDict()
 _run_mirrors_lock = threading.Lock()
 _calls_lock = threading.Lock()
 
@@ -300,6 +312,8 @@ def mirror_for_run(url: str, run_token: str) -> Path:
     with _run_mirrors_lock:
         if (url, run_token) not in _run_mirrors:
             _run_mirrors[(url, run_token)] = open_remote(url, writing=True)
+            while len(_run_mirrors) > RUN_MIRRORS_KEPT:  # the oldest runs' (a run's tasks come within it)
+                _run_mirrors.popitem(last=False)
         return _run_mirrors[(url, run_token)]
 
 
