@@ -92,8 +92,9 @@ def test_the_embedded_model_on_two_workers_that_share_no_disk_gives_one_machine_
         assert summary["task_processes"] == 2 and summary["llm_calls"] > 0, summary
         assert summary["questions"] == 4
         workers = [cluster / f"worker-{i}" / "home" / ".cache" / "ragledger" for i in range(2)]
-        for home in workers:  # each worker called the model and wrote its generations in a mirror of its own
-            assert list(home.glob("stores/*/generations/nodisk/seg-*")), f"{home}: no generation segment"
+        for home in workers:  # each worker ran stage tasks (14 in all) and wrote their records in a mirror of its own
+            assert list(home.glob("stores/*/*/nodisk/seg-*")), f"{home}: no record segment"
+        assert any(list(home.glob("stores/*/generations/nodisk/seg-*")) for home in workers)  # the model's answers
         assert any(list(home.glob("indexes/*")) for home in workers)  # an index built from the worker's own corpus copy
         # every record file on the three machines' disks lies in a mirror of the store (a folder naming its URL) and
         # is in the bucket under the same name: none was written beside it, in a working directory or a shared place
