@@ -99,6 +99,42 @@ def _run(ws: Path, args: list[str], env: dict[str, str]) -> tuple[subprocess.Com
     return done, time.monotonic() - started
 
 
+def test_a_slow_mlflow_server_is_asked_again_before_its_refusal_is_missed(monkeypatch):
+    """check_credentials: a server that takes the connection but answers after the first wait (MLflow's password
+    hashing on a loaded machine) is asked once more, waiting longer, and its refusal is an error before the run
+    starts; a server that is not there at all is left to the pending path (no error here)."""
+    import http.server
+    import threading
+
+    from tracking.mlflow.log import MlflowCredentialsError, check_credentials
+
+    asked = []
+
+    class Slow(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            asked.append(time.monotonic())
+            if len(asked) == 1:
+                time.sleep(1.5)  # past the first wait
+            self.send_response(401)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "lab")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "wrong")
+    try:
+        with pytest.raises(MlflowCredentialsError, match="refused the credentials"):
+            check_credentials(f"http://127.0.0.1:{server.server_address[1]}", timeout_s=0.5)
+        assert len(asked) == 2
+    finally:
+        server.shutdown()
+        server.server_close()
+    check_credentials(f"http://127.0.0.1:{free_port()}", timeout_s=0.5)  # nobody there: the pending path's
+
+
 # the run itself through the TLS cluster (its worker starting its engines in a fresh HOME: minutes) in --all, as the
 # other Dask tests; the default tier runs it on the thread runner, the cluster's refusals included
 @pytest.mark.parametrize("through_dask", [False, pytest.param(True, marks=pytest.mark.extended)])

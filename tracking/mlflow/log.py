@@ -113,7 +113,9 @@ class MlflowCredentialsError(PermissionError):
 def check_credentials(tracking_uri: str, timeout_s: float = 5.0) -> None:
     """Raise MlflowCredentialsError when an http(s) tracking server answers an authenticated route with 401/403 for
     this process's MLFLOW_TRACKING_USERNAME/PASSWORD (MLflow's basic-auth app; /health answers everyone). A server
-    that does not answer is left to check_reachable and the pending path; a request needs no MLflow import."""
+    that does not answer is left to check_reachable and the pending path; one that accepted the connection but is
+    slow to answer (its password hashing on a loaded machine) is asked once more, waiting 3x as long, since it
+    would otherwise refuse the credentials only at the run's end. A request needs no MLflow import."""
     import urllib.error
     import urllib.request
 
@@ -125,16 +127,19 @@ def check_credentials(tracking_uri: str, timeout_s: float = 5.0) -> None:
     user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
     if user and password:
         request.add_header("Authorization", basic_auth_header(f"{user}:{password}"))
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s):
+    for wait in (timeout_s, 3 * timeout_s):
+        try:
+            with urllib.request.urlopen(request, timeout=wait):
+                return
+        except urllib.error.HTTPError as exc:
+            if exc.code in (401, 403):
+                said = "refused the credentials in" if user and password else "requires credentials: set"
+                raise MlflowCredentialsError(f"the MLflow server at {redact_url(tracking_uri)} {said} "
+                                             "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD") from None
             return
-    except urllib.error.HTTPError as exc:
-        if exc.code in (401, 403):
-            said = "refused the credentials in" if user and password else "requires credentials: set"
-            raise MlflowCredentialsError(f"the MLflow server at {redact_url(tracking_uri)} {said} "
-                                         "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD") from None
-    except (urllib.error.URLError, OSError):
-        return
+        except (urllib.error.URLError, OSError) as exc:
+            if not isinstance(getattr(exc, "reason", exc), TimeoutError):  # refused, unknown host: not answering
+                return
 
 
 def preload(tracking_uri: str) -> None:
