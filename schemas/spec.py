@@ -99,11 +99,9 @@ class CorpusSpec(_Strict):
     name: str = Field("squad-paragraphs", description="a passage file format registered in core/datasets.py "
                       "CORPUS_FORMATS, `lucene` (an existing Lucene index with stored documents) or `prebuilt` (a "
                       "Pyserini prebuilt index by name); the table of corpus kinds below")
-    paths: list[str] = Field(
-        default_factory=lambda: ["squad/dev-v1.1.json.gz", "squad/train-v1.0.json.gz"], min_length=1,
-        description="SQuAD JSON files, or the one JSONL / TSV file, or the Lucene index folder, or the prebuilt "
-                    "index's name (e.g. wikipedia-dpr-100w); files relative to the data dir unless absolute",
-    )
+    paths: list[str] = Field(default_factory=lambda: ["squad/dev-v1.1.json.gz", "squad/train-v1.0.json.gz"], min_length=1,
+                             description="SQuAD JSON files, the one JSONL / TSV file, the Lucene index folder, or the "
+                             "prebuilt index's name (e.g. wikipedia-dpr-100w); files relative to the data dir unless absolute")
     @field_validator("name", mode="before")
     @classmethod
     def _known_kind(cls, name: object) -> object:
@@ -170,6 +168,10 @@ class ExecutionSpec(_Strict):
     workers: int = Field(2, gt=0, description="Dask: worker processes of the local cluster")
     scheduler_address: str | None = Field(None, description="Dask: an existing scheduler (tcp://host:8786), not a local "
                                           "cluster; implies runner: dask")
+
+    def runner_taken(self, override: str | None = None) -> str:
+        """The task runner a run takes: the one given for this run (--runner), else the spec's."""
+        return override or self.runner
 
     def shard_size_for(self, questions: int) -> int:
         """Questions per shard of a run over `questions` sampled questions: the given size, else the default."""
@@ -251,9 +253,8 @@ class _SpecBase(_Strict):
 
     def reader_entry(self, key: str) -> ReaderEntry:
         """The reader entry whose label (`ReaderEntry.key`) is `key`."""
-        for e in self.reader_entries():
-            if e.key == key:
-                return e
+        if entries := [e for e in self.reader_entries() if e.key == key]:
+            return entries[0]
         raise ValueError(f"no reader {key!r} in the spec; readers: {[e.key for e in self.reader_entries()]}")
 
 
@@ -281,8 +282,7 @@ class ExperimentSpec(_SpecBase):
         if not self.dataset.closed_book_filter:  # specs without the filter keep the hash they had before it existed
             payload["dataset"].pop("closed_book_filter")
         # likewise settings added later, unset: a corpus without a FAISS directory, a reader setting (ReaderEntry.hashed)
-        if payload["corpus"]["faiss"] is None:
-            payload["corpus"].pop("faiss")
+        payload["corpus"] = {k: v for k, v in payload["corpus"].items() if k != "faiss" or v is not None}
         payload["readers"] = [e if isinstance(e, str) else e.hashed() for e in self.readers]
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
