@@ -112,6 +112,10 @@ class StoreLayout:
         """Cell metrics, one file per set of segments (tracking/analysis/metrics.py)."""
         return self.projections / "metrics"
 
+    def stage_result(self, key: str) -> Path:
+        """A stage task's result, kept under its key (tasks/stage_runs.py): rebuildable, as every projection."""
+        return self.projections / "stages" / key[:2] / f"{key}.json"
+
     @property
     def llm_cache(self) -> Path:
         """The LLM-call cache (resolved: one connection per file per process)."""

@@ -46,6 +46,7 @@ class _CallProcess:
         self._next_id = 0
         self._reader: asyncio.Future | None = None
         self.outstanding = 0  # calls sent (or about to be) and not yet answered: how busy this process is
+        self.answered = False  # it has answered a call: its imports (openai, its client: ~1 s) are done
 
     async def ensure_started(self) -> asyncio.subprocess.Process:
         if self._starting is None:
@@ -68,6 +69,7 @@ class _CallProcess:
         try:
             while (message := await read_message(proc.stdout)) is not None:
                 call_id, ok, payload = message
+                self.answered = True
                 future = self._pending.pop(call_id, None)
                 if future is not None and not future.done():
                     if ok:
@@ -148,8 +150,15 @@ class _CallProcesses:
             # a run's head start starts one process first and holds the others back for its endpoint until its first
             # calls left
             usable = range(min(n, self.held_from.get(ep) or n))
-            i = min(usable, key=lambda j: self.processes[j].outstanding)
+            i = min(self._ready(usable, ep, n) or usable, key=lambda j: self.processes[j].outstanding)
             return await self.processes[i].call(self._share(ep, i, n), req, cache_key, cache_path, rounds_after)
+
+    def _ready(self, usable: range, ep: Endpoint, n: int) -> list[int]:
+        """The usable processes that have answered a call (the first one before any has), each below its share of
+        the concurrency: a call goes to one of them rather than wait for another's imports. A small run's calls
+        then all go to its first process, started ahead; a large run's spread over all as the others come up."""
+        warm = [j for j in usable if self.processes[j].answered] or list(usable)[:1]
+        return [j for j in warm if self.processes[j].outstanding < self._share(ep, j, n).concurrency]
 
     def _share(self, ep: Endpoint, i: int, n: int) -> Endpoint:
         """The endpoint as process i of n bounds it: its share of the concurrency (the first ones take the rest)."""

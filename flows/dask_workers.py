@@ -14,7 +14,7 @@ from typing import Any
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from core import progress
-from tasks.prefect_tasks import progress_topic
+from tasks.stage_runs import progress_topic
 
 
 class PrefectEventsByApiUrl(WorkerPlugin):
@@ -36,7 +36,7 @@ def ready_long_lived_workers(scheduler_address: str) -> None:
 
 @contextlib.contextmanager
 def progress_from_workers(task_runner: Any, run_token: str) -> Iterator[None]:
-    """Inside: the progress reports of this run's tasks on Dask workers (tasks/prefect_tasks.py `progress_to_run`,
+    """Inside: the progress reports of this run's tasks on Dask workers (tasks/stage_runs.py `progress_to_run`,
     Dask events through the scheduler) replayed into this process's listener as they come, so the run's bars and
     lines move with its workers' calls, on this host or another. Nothing without a listener to show them."""
     if not progress.listening():

@@ -8,69 +8,61 @@ The plan holds every key and dependency; the flow only submits, collects and rec
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import asdict, replace
 from functools import partial
+from pathlib import Path
 from typing import Any
 
-from prefect import flow
+from prefect import flow, task
+from prefect.results import get_result_store
+from prefect.runtime import flow_run
 
-from core.datasets import Question
 from core.diskfull import as_store_full
-from flows.endpoint import model_endpoint
-from flows.executor import EndpointUse, Executed, PlanExecution
+from flows.executor import StageTasks, execute
 from flows.head_start import HeadStart
-from flows.pipeline import Pipeline
-from flows.plan import FLOW_VERSION, PIPELINE_STAGES, ExperimentPlan, plan
+from flows.plan import FLOW_VERSION
 from flows.prepare import plan_run, store_run
-from flows.recording import record_run
+from flows.recording import recall_curve_files, record_run
 from flows.run_summary import Accounting, StageClock
-from flows.runners import task_processes, task_progress, task_runner_for, without_default_heartbeats
+from flows.runners import task_processes, task_runner_for, without_default_heartbeats
 from schemas.spec import ExperimentSpec
-from tasks.closed_book_filter import answered_closed_book
-from tasks.prefect_tasks import closed_book_filter_task
-from tasks.stages import RunContext, StageResult
+from tasks.prefect_tasks import STAGE_TASKS, generate_round_task
+from tasks.stage_runs import kept_result
+from tasks.stages import RunContext, Stage
 from tracking.mlflow.log import preload as preload_mlflow
 from tracking.mlflow.log import resolve_tracking_uri
-from tracking.store.events import EventStore
+from tracking.mlflow.sync import MlflowLoggingPending, note_recording, publish, sync
 
 
-def closed_book_filter(the_plan: ExperimentPlan, run: RunContext, use: EndpointUse,
-                       accounting: Accounting) -> tuple[set[str], list[str]]:
-    """Seed 001's closed-book filter, one task per shard of the sampled questions: the questions it drops (answered
-    correctly with no context) and its generation segments."""
-    urls = [use.url_for(f) for f in the_plan.filters]
-    filtered: dict[int, StageResult] = {}
-    pipeline = Pipeline(on_result=accounting.add)
-    for i, (stage, url) in enumerate(zip(the_plan.filters, urls, strict=True)):
-        pipeline.submit("closed-book filter", closed_book_filter_task, {"run": run, "stage": stage, "base_url": url},
-                        partial(filtered.__setitem__, i))
-    pipeline.run()
-    segments = [filtered[i].segment for i in range(len(urls)) if filtered[i].segment]
-    store = EventStore(run.store_root)
-    correct = answered_closed_book(store.read("questions", paths=[run.questions_segment]),
-                                   store.read("generations", paths=segments))
-    return correct, segments
+@task(name="log-to-mlflow")
+def log_to_mlflow(store_root: str, manifest: str, record: dict[str, Any], tracking_uri: str) -> dict[str, Any]:
+    """Write the run manifest and log the execution to MLflow from it, exactly once (tracking/mlflow/sync.py). MLflow
+    down (before or during the logging) leaves the execution pending, not the run failed: the store has every event.
+    Logged, it then logs the store's other pending executions for this tracking URI (a previous run's)."""
+    try:
+        record = publish(store_root, Path(manifest), record, tracking_uri)
+    except MlflowLoggingPending as exc:
+        return {"pending": str(exc), "synced": []}
+    synced = sync(store_root, tracking_uri, only_uri=tracking_uri)
+    s = record["summary"]
+    return {"parent": s["mlflow_parent_run_id"], "cells": s["mlflow_cell_run_ids"], "experiment_id": s["mlflow_experiment_id"],
+            "pending": None, "synced": [e["execution"] for e in synced.logged]}
 
 
-def execute(the_plan: ExperimentPlan, questions: list[Question], run: RunContext, base_url: str | None,
-            accounting: Accounting, clock: StageClock, meanwhile: Callable[[], Any] | None = None) -> Executed:
-    """The stage tasks, inside the model endpoint's block: it closes the endpoint after generation, or with the error
-    that ends the run before (an enclosing sweep's shared endpoint stays up: the sweep closes it)."""
-    with model_endpoint(the_plan.spec, base_url) as endpoint, task_progress(run.run_token):
-        evaluated_before = endpoint.prompt_tokens_evaluated() or 0  # a sweep's shared server counts from its start
-        use = EndpointUse(endpoint)
-        filter_segments: list[str] = []
-        if the_plan.filters:
-            dropped, filter_segments = closed_book_filter(the_plan, run, use, accounting)
-            the_plan = plan(the_plan.spec, questions, store_root=the_plan.store_root, questions_segment=run.questions_segment,
-                            corpus_hash=the_plan.corpus_hash, closed_book_dropped=dropped)
-        execution = PlanExecution(the_plan, run, use, accounting, meanwhile)
-        clock.lap("prepare")  # includes the closed-book filter and, when a call must be made, the endpoint's start
-        execution.run_all()
-        clock.seconds.update(execution.pipeline.stage_spans(list(PIPELINE_STAGES)))
-        evaluated = endpoint.prompt_tokens_evaluated()
-    return Executed(the_plan, execution, filter_segments, None if evaluated is None else evaluated - evaluated_before)
+PREFECT_TASKS = StageTasks(**STAGE_TASKS)
+
+
+def persisted_or_kept(run: RunContext, stage: Stage) -> bool:
+    """Whether a stage's task will not run: a result Prefect persisted, or one the store keeps
+    (tasks/stage_runs.py), with its segment still in the store."""
+    # Prefect's result store as the tasks themselves see it: the flow's own never finds them (Prefect 3.8 gives a
+    # flow's store a null metadata store, so its exists() is always False)
+    try:
+        if get_result_store().update_for_task(generate_round_task).read(stage.key).result.segment_exists():
+            return True
+    except Exception:  # nothing persisted under this key (or unreadable)
+        pass
+    return kept_result(run, stage) is not None
 
 
 @flow(name="ragledger-experiment", version=FLOW_VERSION)
@@ -84,8 +76,34 @@ def experiment_flow(spec: ExperimentSpec, store_root: str, tracking_uri: str | N
     run = replace(run, task_processes=task_processes())  # the model-call bound's share of each
     tracking_uri = tracking_uri or resolve_tracking_uri(spec.tracking.mlflow_uri)
     accounting = Accounting(run.run_token)
-    done = execute(the_plan, questions, run, base_url, accounting, clock, partial(preload_mlflow, tracking_uri))
-    return asdict(record_run(done, run, accounting, clock, tracking_uri))
+    done = execute(the_plan, questions, run, base_url, accounting, clock, PREFECT_TASKS, persisted_or_kept,
+                   partial(preload_mlflow, tracking_uri))
+    return asdict(record_run(done, run, accounting, clock, tracking_uri, log_to_mlflow, flow_run_ids()))
+
+
+def flow_run_ids() -> tuple[str | None, str | None]:
+    """Inside a flow: its flow run's id and its root flow run's."""
+    return (str(flow_run.id) if flow_run.id else None,
+            str(flow_run.root_flow_run_id) if flow_run.root_flow_run_id else None)
+
+
+@task(name="log-to-mlflow")
+def log_pending_to_mlflow(store_root: str, tracking_uri: str) -> list[str]:
+    """Log the store's pending executions for this tracking URI (tracking/mlflow/sync.py): the executions logged."""
+    return [e["execution"] for e in sync(store_root, tracking_uri, only_uri=tracking_uri).logged]
+
+
+@flow(name="ragledger-experiment", version=FLOW_VERSION)
+def recorded_flow(spec: ExperimentSpec, store_root: str, manifest: str) -> list[str]:
+    """The flow run of a run made without Prefect (flows/direct.py), recorded after it (ragledger/recorder.py): the
+    same plan's stage tasks, each answered by the result the store keeps under its key (a task whose result is gone
+    runs, as in any flow), then its recall curve drawn, and the execution's MLflow logging, with this flow run and
+    the recall curve noted on its manifest."""
+    the_plan, run, questions = plan_run(spec, store_root)
+    accounting = Accounting(run.run_token)
+    done = execute(the_plan, questions, run, None, accounting, StageClock(), PREFECT_TASKS, persisted_or_kept)
+    note_recording(store_root, Path(manifest), flow_run_ids(), recall_curve_files(done.execution))
+    return log_pending_to_mlflow(store_root, resolve_tracking_uri(spec.tracking.mlflow_uri))
 
 
 def run_experiment(spec: ExperimentSpec | dict, store_root: str, base_url: str | None = None, tracking_uri: str | None = None,
@@ -96,7 +114,7 @@ def run_experiment(spec: ExperimentSpec | dict, store_root: str, base_url: str |
     spec = spec if isinstance(spec, ExperimentSpec) else ExperimentSpec.model_validate(spec)
     execution = spec.execution
     scheduler_address = scheduler_address or execution.scheduler_address
-    task_runner = task_runner_for(runner or execution.runner, workers or execution.workers, scheduler_address)
+    task_runner = task_runner_for(execution.runner_taken(runner), workers or execution.workers, scheduler_address)
     if task_runner is not None and scheduler_address:  # workers that outlive runs: events to this run's server
         from flows.dask_workers import ready_long_lived_workers
 

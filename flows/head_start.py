@@ -1,13 +1,14 @@
 """A run's head start: its first stage tasks begun before Prefect is up, so the first model calls leave within seconds.
 
-`ragledger run` needs Prefect's temporary API server (seconds to start) and Prefect's imports before its flow can
-run a task. Meanwhile a head start, in a thread, does what the flow would do first, with the flow's own functions:
-it plans the run (flows/prepare.py `plan_run`: the questions sampled, the plan; a rerun comes planned already, by
-flows/launch.py asking the store for a cached answer), then retrieves the plan's retrieve
-stages in the plan's order (`ExperimentPlan.retrieval_order`) with the retrieve stage's function (tasks/retrieve.py
-`retrieve_rows`); for an endpoint that is already up (OpenAI, a vLLM server, `--base-url`) each part of a shard, once
-retrieved, has its round-1 calls planned by the generate stage (tasks/generate.py `plan_round`) and sent
-(engines/llm.py `HeadStartCalls`). It writes nothing: storing stays with the flow's tasks, beside the first calls.
+A run through Prefect's flow (`ragledger run --foreground`, the Python API; flows/launch.py) needs Prefect's
+temporary API server (seconds to start) and Prefect's imports before its flow can run a task. Meanwhile a head
+start, in a thread, does what the flow would do first, with the flow's own functions: it plans the run
+(flows/prepare.py `plan_run`: the questions sampled, the plan; a rerun comes planned already, by flows/launch.py
+asking the store for a cached answer), then retrieves the plan's retrieve stages in the plan's order
+(`ExperimentPlan.retrieval_order`) with the retrieve stage's function (tasks/retrieve.py `retrieve_rows`); for an
+endpoint that is already up (OpenAI, a vLLM server, `--base-url`) each part of a shard, once retrieved, has its
+round-1 calls planned by the generate stage (tasks/generate.py `plan_round`) and sent (engines/llm.py
+`HeadStartCalls`). It writes nothing: storing stays with the flow's tasks, beside the first calls.
 
 The flow is handed the head start (flows/execute.py): it takes the planned run instead of planning it, and every
 task of the run meets it through `RunContext.head_start` (tasks/stages.py `HeadStartView`): a retrieve task takes and
@@ -32,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from core.paths import StoreLayout
 from schemas.spec import AnySpec, ExperimentSpec
 from tracking.store.catalog import segment_exists
 
@@ -96,7 +98,7 @@ class HeadStart:
         from them."""
         if not isinstance(spec, ExperimentSpec) or spec.dataset.closed_book_filter:
             return None
-        if (runner or spec.execution.runner) != "thread" or spec.execution.scheduler_address:
+        if spec.execution.runner_taken(runner) != "thread" or spec.execution.scheduler_address:
             return None
         head = cls(spec, store_root, base_url, planned)
         head.thread.start()
@@ -140,14 +142,14 @@ class HeadStart:
                 from engines.llm import start_first_call_process
 
                 start_first_call_process()
-            first_in_store = self._start_engines_of_a_first_run()
+            first_in_store = engines_started_for_a_first_run(self.spec, self.store_root)
             from engines.llm import HeadStartCalls
             from flows.prepare import plan_run
 
             self.head_start_calls = HeadStartCalls()
             prepared = (self._planned.met_by(self) if self._planned is not None
                         else plan_run(self.spec, self.store_root, head_start=self))
-            persisted = _persisted_check(prepared.run.questions_segment)  # before the flow may store it
+            persisted = _persisted_check(prepared.run.questions_segment, self.store_root)  # before the flow stores it
             self._prepared.set_result(prepared)
             self._retrieve(prepared, persisted, first_in_store)
         except Exception as exc:  # the flow does the same work and reports what fails, with its context
@@ -156,22 +158,6 @@ class HeadStart:
             if not self._prepared.done():  # stopped before the run was planned: the flow plans it, not waiting here
                 self._prepared.set_exception(RuntimeError("the head start stopped before the run was planned"))
             self.first_calls_sent.set()
-
-    def _start_engines_of_a_first_run(self) -> bool:
-        """Whether this is the first run of the experiment in this store, whose search engines then start now, before
-        anything else (the stages' imports, the model-call process, the dataset, the plan: ~1 s on 2 cores), since its
-        first retrieval waits for them. Otherwise they start once the plan says which retrievals are still to be made."""
-        from core.paths import StoreLayout
-        from engines import java
-        from strategies.retrievers import parse_retriever
-
-        # this process searches the run's questions once per retriever, then exits: the JVM's compiler is chosen for that
-        limit = self.spec.dataset.limit
-        java.expect_queries(limit * len(self.spec.retrievers) if limit else None)
-        first_in_store = not StoreLayout.of(self.store_root).records("questions", self.spec.name).exists()
-        if first_in_store:
-            _start_engines([name for name in self.spec.retrievers if not parse_retriever(name).needs_llm])
-        return first_in_store
 
     def _retrieve(self, prepared: PreparedRun, persisted: Callable[[str], bool], first_in_store: bool) -> None:
         """The plan's retrieve stages in its order (each retriever's first shard only, when no call is sent early),
@@ -235,14 +221,15 @@ def _round_one_sender(prepared: PreparedRun, stage: RetrieveStage, client: LLMCl
     return send
 
 
-def _persisted_check(questions_segment: str) -> Callable[[str], bool]:
-    """Whether the flow will take a stage's result from Prefect's persisted results: one file per cache key, in the
-    folder ragledger/prefect_env.py sets (asking Prefect itself would import it and start its own ephemeral server,
-    the API not being up yet). Those files outlive a deleted store, but the flow runs again every stage whose
-    segment is gone (flows/pipeline.py): with the run's questions segment gone too, none of them counts."""
-    results = Path(os.environ["PREFECT_LOCAL_STORAGE_PATH"])
+def _persisted_check(questions_segment: str, store_root: str) -> Callable[[str], bool]:
+    """Whether the flow will take a stage's result from Prefect's persisted results (one file per cache key, in the
+    folder ragledger/prefect_env.py sets: asking Prefect itself would import it and start its own ephemeral server,
+    the API not being up yet) or from the result the store keeps under its key (tasks/stage_runs.py). Prefect's
+    files outlive a deleted store, but the flow runs again every stage whose segment is gone (flows/pipeline.py):
+    with the run's questions segment gone too, none of them counts."""
+    results, layout = Path(os.environ["PREFECT_LOCAL_STORAGE_PATH"]), StoreLayout.of(store_root)
     stored = segment_exists(questions_segment)
-    return lambda key: stored and (results / key).exists()
+    return lambda key: stored and ((results / key).exists() or layout.stage_result(key).exists())
 
 
 def _up_already(spec: ExperimentSpec, base_url: str | None) -> str | None:
@@ -250,6 +237,22 @@ def _up_already(spec: ExperimentSpec, base_url: str | None) -> str | None:
     if base_url is not None:
         return base_url
     return spec.model.base_url if spec.model.backend != "embedded" and spec.model.base_url else None
+
+
+def engines_started_for_a_first_run(spec: ExperimentSpec, store_root: str) -> bool:
+    """Whether this is the first run of the experiment in this store, whose search engines then start now, before
+    anything else (the stages' imports, the model-call process, the dataset, the plan: ~1 s on 2 cores), since its
+    first retrieval waits for them. Otherwise they start once the plan says which retrievals are still to be made."""
+    from engines import java
+    from strategies.retrievers import parse_retriever
+
+    # this process searches the run's questions once per retriever, then exits: the JVM's compiler is chosen for that
+    limit = spec.dataset.limit
+    java.expect_queries(limit * len(spec.retrievers) if limit else None)
+    first_in_store = not StoreLayout.of(store_root).records("questions", spec.name).exists()
+    if first_in_store:
+        _start_engines([name for name in spec.retrievers if not parse_retriever(name).needs_llm])
+    return first_in_store
 
 
 def _start_engines(names: list[str]) -> None:

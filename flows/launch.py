@@ -1,8 +1,11 @@
 """`ragledger run` below the command line: one entry from a parsed spec to its run summary.
 
-It checks the spec's inputs (nothing is written before), then takes one of three routes, planning the run once
+It checks the spec's inputs (nothing is written before), then takes one of four routes, planning the run once
 whichever it takes:
 - answered from the store (flows/cached.py) when this exact run is there already: nothing starts;
+- direct (flows/direct.py), when the command may record the run after printing its answer: one experiment on the
+  thread runner into a store in a folder runs without Prefect, and a process of its own records it in Prefect and
+  MLflow afterwards (ragledger/recorder.py);
 - begun ahead (flows/head_start.py) while the Prefect API starts, then the flow, which runs the run begun;
 - the flow alone: a sweep, the closed-book filter, the Dask runner (flows/sweep.py `run_spec`).
 A rerun is planned here to ask the store, and that plan is the one the head start and the flow run; a first run is
@@ -16,11 +19,12 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from flows.prepare import PreparedRun
-    from schemas.spec import AnySpec, CorpusSpec
+    from schemas.spec import AnySpec, CorpusSpec, ExperimentSpec
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,9 @@ class RunOptions:
     runner: str | None = None
     workers: int | None = None
     scheduler: str | None = None
+    # the run's Prefect flow run and MLflow logging may be made after its answer, by a process of its own
+    # (flows/direct.py): `ragledger run` unless --foreground; not `ragledger.run`, whose result names the MLflow run
+    record_after: bool = False
 
 
 class Host(Protocol):
@@ -46,6 +53,11 @@ class Host(Protocol):
     def prefect_api(self, meanwhile: Callable[[], None]) -> AbstractContextManager[str]:
         """The Prefect API for the flow; `meanwhile` runs while its server starts."""
 
+    def start_recorder(self, store_root: str, tracking_uri: str, manifest: str | None = None,
+                       spec_json: str | None = None) -> int:
+        """A process of its own that records a run made without Prefect's flow (flows/direct.py) in Prefect and
+        MLflow, or without `manifest` logs the store's pending executions for `tracking_uri`; its pid."""
+
 
 def launch(spec: AnySpec, options: RunOptions, host: Host) -> dict[str, Any]:
     """The run summary of `spec` (a sweep's: one per experiment), answered from the store or run. Raises the
@@ -55,7 +67,7 @@ def launch(spec: AnySpec, options: RunOptions, host: Host) -> dict[str, Any]:
 
     # a store at an s3:// URL: manifests, packs, catalog, calls (none for a folder); the segments too when no worker
     # of another process reads them during the run
-    one_process = (options.runner or spec.execution.runner) == "thread"
+    one_process = spec.execution.runner_taken(options.runner) == "thread"
     with pushed(options.store_root, segments_at_end=one_process):
         return _launched(spec, options, host)
 
@@ -68,7 +80,9 @@ def _launched(spec: AnySpec, options: RunOptions, host: Host) -> dict[str, Any]:
 
         answer = answered(planned.plan, started)
         if answer is not None:
-            return answer
+            return _with_pending_logged(answer, options, host)
+    if _takes_direct_route(spec, options):
+        return _run_direct(spec, options, host, planned)
     from flows.head_start import HeadStart
 
     with host.running(spec):
@@ -79,6 +93,39 @@ def _launched(spec: AnySpec, options: RunOptions, host: Host) -> dict[str, Any]:
 
             return run_spec(spec, options.store_root, base_url=options.base_url, runner=options.runner,
                             workers=options.workers, scheduler_address=options.scheduler, head_start=head_start)
+
+
+def _takes_direct_route(spec: AnySpec, options: RunOptions) -> bool:
+    """Whether the run goes without Prefect, recorded after its answer (flows/direct.py): when the command allows
+    it, for one experiment on the thread runner into a store in a folder (a store at a URL, a sweep and the Dask
+    runner go through the flow)."""
+    from schemas.spec import ExperimentSpec
+    from tracking.store.mirrored import origin_url
+
+    return (options.record_after and isinstance(spec, ExperimentSpec)
+            and spec.execution.runner_taken(options.runner) == "thread" and not spec.execution.scheduler_address
+            and origin_url(Path(options.store_root)) is None)
+
+
+def _run_direct(spec: ExperimentSpec, options: RunOptions, host: Host, planned: PreparedRun | None) -> dict[str, Any]:
+    """The run without Prefect, then its recorder started (ragledger/recorder.py): its pid in the summary."""
+    from flows.direct import run_direct
+
+    with host.running(spec):
+        summary = run_direct(spec, options.store_root, options.base_url, planned)
+    summary["recorder_pid"] = host.start_recorder(options.store_root, summary["tracking_uri"], summary["manifest"],
+                                             spec.model_dump_json())
+    return summary
+
+
+def _with_pending_logged(answer: dict[str, Any], options: RunOptions, host: Host) -> dict[str, Any]:
+    """A cached answer; when some execution's MLflow logging is pending (only a command that records after its
+    answer is answered then), a recorder started to log it (`Host.start_recorder`), its pid in the answer."""
+    from tracking.mlflow.sync import pending_markers
+
+    if options.record_after and pending_markers(options.store_root):
+        answer["recorder_pid"] = host.start_recorder(options.store_root, answer["tracking_uri"])
+    return answer
 
 
 def _planned_rerun(spec: AnySpec, options: RunOptions) -> PreparedRun | None:
@@ -99,7 +146,8 @@ def _may_be_answered(spec: AnySpec, options: RunOptions) -> bool:
     """Whether the store may answer this run, told without planning it or importing pandas: not with a run option
     that changes what it would answer (the endpoint, the runner), not for a sweep, nor for a spec with the closed-book
     filter (which questions it drops is known only from its model answers), nor on a first run (no manifest yet),
-    nor while some execution's MLflow logging is pending (the flow syncs it); RAGLEDGER_CACHED_ANSWER=0: never."""
+    nor while some execution's MLflow logging is pending, unless the command records after its answer (the flow
+    logs it; or a recorder: `_with_pending_logged`); RAGLEDGER_CACHED_ANSWER=0: never."""
     import os
 
     from core.paths import StoreLayout
@@ -111,6 +159,8 @@ def _may_be_answered(spec: AnySpec, options: RunOptions) -> bool:
         return False
     if not StoreLayout.of(options.store_root).manifests(spec.name):
         return False
+    if options.record_after:
+        return True
     from tracking.mlflow.sync import pending_markers
 
     try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -37,12 +38,13 @@ def plan_run(spec: ExperimentSpec, store_root: str, head_start: HeadStartView | 
     return PreparedRun(the_plan, run, questions)
 
 
-def store_run(prepared: PreparedRun) -> None:
-    """The planned run's questions stored (the segment its plan names) and its retrievers' indexes built or opened."""
+def store_run(prepared: PreparedRun, retrievers: Iterable[str] | None = None) -> None:
+    """The planned run's questions stored (the segment its plan names) and its retrievers' indexes built or opened
+    (`retrievers`: only these, whose retrievals are still to be made)."""
     _, run, questions = prepared
     store = EventStore(run.store_root)
     store.remove_abandoned_temp_files()
     written = str(store.write("questions", new_events("questions", run.spec.name, question_rows(run.spec, questions))))
     assert written == run.questions_segment, (written, run.questions_segment)  # a segment is named by its events
-    for r in run.spec.retrievers:
+    for r in run.spec.retrievers if retrievers is None else retrievers:
         retriever_for(run.spec, r, run.store_root)

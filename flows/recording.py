@@ -1,43 +1,30 @@
 """What a run leaves once its stages are done: metrics per cell (projections of its segments), and the run manifest
-logged to MLflow exactly once (tracking/mlflow/sync.py)."""
+logged to MLflow exactly once (tracking/mlflow/sync.py), by the flow's logging task (flows/execute.py) or, for a run
+without Prefect's flow, by the process that records it afterwards (ragledger/recorder.py). Nothing here imports Prefect."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from functools import partial
-from pathlib import Path
 from typing import Any
 
-from prefect import task
-from prefect.runtime import flow_run
-
 from core.paths import StoreLayout
-from flows.executor import Executed
+from flows.executor import Executed, PlanExecution
 from flows.run_summary import Accounting, RunSummary, StageClock
 from tasks.stages import RunContext
 from tracking.analysis.metrics import METRICS_VERSION, cached_cell_metrics, cell_metrics
 from tracking.analysis.readers_table import readers_table
 from tracking.mlflow.log import safe_spec
-from tracking.mlflow.sync import MlflowLoggingPending, publish, sync
 from tracking.report.readers_table import write_readers_table
 from tracking.store.compaction import compact_experiment
 from tracking.store.events import EventStore, stable_hash
 
-
-@task(name="log-to-mlflow")
-def log_to_mlflow(store_root: str, manifest: str, record: dict[str, Any], tracking_uri: str) -> dict[str, Any]:
-    """Write the run manifest and log the execution to MLflow from it, exactly once (tracking/mlflow/sync.py). MLflow
-    down (before or during the logging) leaves the execution pending, not the run failed: the store has every event.
-    Logged, it then logs the store's other pending executions for this tracking URI (a previous run's)."""
-    try:
-        record = publish(store_root, Path(manifest), record, tracking_uri)
-    except MlflowLoggingPending as exc:
-        return {"pending": str(exc), "synced": []}
-    synced = sync(store_root, tracking_uri, only_uri=tracking_uri)
-    s = record["summary"]
-    return {"parent": s["mlflow_parent_run_id"], "cells": s["mlflow_cell_run_ids"], "experiment_id": s["mlflow_experiment_id"],
-            "pending": None, "synced": [e["execution"] for e in synced.logged]}
+# what writes an execution's manifest and logs it (or leaves it pending): (store root, manifest, record, tracking
+# URI) -> {"pending": a reason or None, "synced": executions logged besides, and when logged "parent", "cells",
+# "experiment_id"}
+Logger = Callable[[str, str, dict[str, Any], str], dict[str, Any]]
 
 
 def cell_summaries(done: Executed) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, list[str]]]]:
@@ -62,21 +49,30 @@ def compute_cell_metrics(store: EventStore, segs: dict[str, list[str]], question
                         questions_df, store.read("generations", paths=segs["generations"]))
 
 
-def record_run(done: Executed, run: RunContext, accounting: Accounting, clock: StageClock, tracking_uri: str) -> RunSummary:
-    """The run's summary: metrics per cell, the recall curve and readers table, the run manifest, logged to MLflow."""
+def recall_curve_files(execution: PlanExecution) -> list[str]:
+    """The run's recall curve files: drawn meanwhile, or now; none when the execution leaves them to its recorder
+    (flows/direct.py: matplotlib's import alone is most of a second)."""
+    if not execution.draws_recall_curve:
+        return []
+    return execution.recall_curve.result() if execution.recall_curve else execution.recall_curve_files()
+
+
+def record_run(done: Executed, run: RunContext, accounting: Accounting, clock: StageClock, tracking_uri: str,
+               log: Logger, flow_run_ids: tuple[str | None, str | None] = (None, None)) -> RunSummary:
+    """The run's summary: metrics per cell, the recall curve and readers table, the run manifest written and logged
+    to MLflow by `log`. `flow_run_ids`: the Prefect flow run's and its root's, when it runs in one."""
     clock.restart()  # metrics per cell, from the stored records of this run: closing the endpoint is not a stage
     p, spec, store_root = done.plan, run.spec, run.store_root
     summary = RunSummary(spec.name, spec.spec_hash(), len(p.qids), p.questions_sampled,
                          None if p.closed_book_dropped is None else len(p.closed_book_dropped))
-    summary.flow_run_id = str(flow_run.id) if flow_run.id else None
-    summary.root_flow_run_id = str(flow_run.root_flow_run_id) if flow_run.root_flow_run_id else None
+    summary.flow_run_id, summary.root_flow_run_id = flow_run_ids
     summary.cells, cell_segments = cell_summaries(done)
     accounting.fill(summary)
     summary.prompt_tokens_evaluated = done.prompt_tokens_evaluated
     summary.tracking_uri = tracking_uri
     summary.wall_time_s = clock.total()
     execution = done.execution
-    analysis_files = execution.recall_curve.result() if execution.recall_curve else execution.recall_curve_files()
+    analysis_files = recall_curve_files(execution)
     layout = StoreLayout.of(store_root)
     analysis_files += write_readers_table(readers_table(summary.cells),
                                           layout.readers_table_dir(spec.name, stable_hash(summary.cells, length=12)),
@@ -89,7 +85,7 @@ def record_run(done: Executed, run: RunContext, accounting: Accounting, clock: S
     summary.manifest = str(manifest)
     record = {"summary": asdict(summary), "segments": cell_segments, "closed_book_filter_segments": done.filter_segments,
               "spec": safe_spec(spec.model_dump()), "analysis_files": analysis_files, "corpus_hash": p.corpus_hash}
-    logged = log_to_mlflow(store_root, str(manifest), record, summary.tracking_uri)
+    logged = log(store_root, str(manifest), record, summary.tracking_uri)
     clock.lap("mlflow")
     summary.mlflow_pending, summary.mlflow_synced = logged["pending"], logged["synced"]
     if not logged["pending"]:

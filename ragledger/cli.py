@@ -70,6 +70,8 @@ def run(
     embedded: Annotated[bool, typer.Option("--embedded", help="use the embedded CPU model instead of the spec's endpoint "
                                            "(e.g. a paper config written for a vLLM server)")] = False,
     corpus: Annotated[str | None, typer.Option(help=CORPUS_HELP)] = None,
+    foreground: Annotated[bool, typer.Option("--foreground", help="record the run in Prefect and MLflow before the "
+                                             "command returns (also RAGLEDGER_FOREGROUND=1), not after its table")] = False,
 ) -> None:
     """Run an experiment: retrieve -> generate -> vote -> evaluate, tracked in the store and MLflow."""
     from flows.launch import launch
@@ -77,8 +79,9 @@ def run(
 
     errors = run_errors()
     try:  # every input is checked before anything is written (no .ragledger/ is created on bad input)
+        record_after = not foreground and os.environ.get("RAGLEDGER_FOREGROUND") != "1"
         spec, options = checked_run(spec_path, store, base_url, json_out, runner, workers, scheduler, limit, embedded,
-                                    corpus)
+                                    corpus, record_after)
     except errors as exc:
         fail(str(exc))
     try:

@@ -45,7 +45,7 @@ def print_summary(summary: dict) -> None:
                   "as analysis/readers_table.{csv,md,html}")
     what = f"this sweep ({len(experiments)} experiments)" if "experiments" in summary else "this run"
     tasks = ("no task ran" if summary.get("answered_from") else
-             f"{summary['tasks_from_cache']}/{summary['tasks_total']} tasks from Prefect's cache")
+             f"{summary['tasks_from_cache']}/{summary['tasks_total']} tasks from the cache")
     console.print(
         f"model calls {what}: [bold]{summary['llm_calls']}[/] (LLM-cache hits {summary['cache_hits']}, "
         f"retries {summary['retries']}; {tasks}) in {summary['wall_time_s']:.1f} s"
@@ -57,9 +57,13 @@ def print_summary(summary: dict) -> None:
     if summary.get("answered_from"):
         console.print(f"answered from the store: every cell's outcome is there (run manifest {summary['answered_from']}); "
                       "no flow run, model endpoint or index was started, and nothing new was logged")
-    if any(s.get("mlflow_parent_run_id") is None for s in experiments):
+    if summary.get("recorder_pid"):  # flows/direct.py: Prefect and MLflow record the run after this table
+        console.print(f"MLflow: {summary['tracking_uri']}  logged by the run's recorder (process "
+                      f"{summary['recorder_pid']}) seconds after the last run ends (if it is stopped: ragledger sync)")
+    elif any(s.get("mlflow_parent_run_id") is None for s in experiments):
         return  # MLflow did not take the logging: the error line after the table says so
-    parents = ", ".join(s["mlflow_parent_run_id"] for s in experiments)
-    console.print(f"MLflow: {summary['tracking_uri']}  experiment id {summary['mlflow_experiment_id']}, "
-                  f"parent run{'s' if len(experiments) > 1 else ''} {parents}")
+    else:
+        parents = ", ".join(s["mlflow_parent_run_id"] for s in experiments)
+        console.print(f"MLflow: {summary['tracking_uri']}  experiment id {summary['mlflow_experiment_id']}, "
+                      f"parent run{'s' if len(experiments) > 1 else ''} {parents}")
     console.print("open it with: [bold]ragledger ui[/]   (then http://127.0.0.1:5000)")

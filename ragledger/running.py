@@ -36,10 +36,10 @@ def spec_of(spec: SpecGiven) -> tuple[AnySpec, str]:
 
 def checked_run(spec_given: SpecGiven, store: str | None, base_url: str | None, json_out: Path | None,
                 runner: str | None, workers: int | None, scheduler: str | None, limit: int | None, embedded: bool,
-                corpus: str | None) -> tuple[AnySpec, RunOptions]:
-    """The spec, parsed once with the command's overrides, and the run's options; the options, every place the run
-    writes and the servers it talks to checked (a user error raised naming it) before anything is written. Its inputs
-    are checked by the run (flows/launch.py `preflight`)."""
+                corpus: str | None, record_after: bool = False) -> tuple[AnySpec, RunOptions]:
+    """The spec, parsed once with the command's overrides, and the run's options (`record_after`: flows/launch.py
+    `RunOptions`); the options, every place the run writes and the servers it talks to checked (a user error raised
+    naming it) before anything is written. Its inputs are checked by the run (flows/launch.py `preflight`)."""
     from core.secrets import refuse_credentials
     from flows.launch import RunOptions
     from ragledger.cli_common import usage_error
@@ -61,7 +61,7 @@ def checked_run(spec_given: SpecGiven, store: str | None, base_url: str | None, 
     root = checked_run_store(spec, store, json_out)  # an s3:// store: its mirror, up to date
     if (scheduler or spec.execution.scheduler_address) and "://" not in root:
         root = str(Path(root).resolve())  # a long-lived cluster's workers each run in a folder of their own
-    options = RunOptions(root, base_url, "dask" if scheduler else runner, workers, scheduler)
+    options = RunOptions(root, base_url, "dask" if scheduler else runner, workers, scheduler, record_after)
     check_services(spec, options)
     return spec, options
 
@@ -98,15 +98,23 @@ class RunHost:
     def running(self, spec: AnySpec) -> Iterator[None]:
         import ragledger.runlog as runlog
         from ragledger.prefect_env import configure_prefect_home
+        from ragledger.recorder import run_active
 
         runlog.start(Path.cwd(), "run")
         configure_prefect_home(Path.cwd())
-        yield
+        with run_active():  # recorders of earlier runs wait (ragledger/recorder.py)
+            yield
 
     def prefect_api(self, meanwhile: Callable[[], None]) -> contextlib.AbstractContextManager[str]:
         from ragledger.prefect_server import prefect_api
 
         return prefect_api(meanwhile=meanwhile)
+
+    def start_recorder(self, store_root: str, tracking_uri: str, manifest: str | None = None,
+                       spec_json: str | None = None) -> int:
+        from ragledger.recorder import start_recorder
+
+        return start_recorder(store_root, tracking_uri, manifest, spec_json)
 
 
 def failure_line(exc: BaseException, errors: tuple[type[BaseException], ...]) -> tuple[str, int]:

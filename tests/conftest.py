@@ -12,6 +12,9 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 os.environ.setdefault("RAGLEDGER_DATA", str((REPO / ".." / "shared" / "data").resolve()))
 DATA = Path(os.environ["RAGLEDGER_DATA"])
+# `ragledger run` records its run in Prefect and MLflow before it returns, as the tests that read them right after a
+# command need; tests/test_direct_route.py runs it as a user does (recorded after the table, flows/direct.py)
+os.environ["RAGLEDGER_FOREGROUND"] = "1"
 
 
 # The fast tier (bash infra/test.sh --fast: pytest -m "not integration and not slow", under 3 minutes on 2 cores)

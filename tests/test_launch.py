@@ -33,11 +33,16 @@ class RecordingHost:
         meanwhile()
         yield "the pytest run's Prefect API (prefect_harness)"
 
+    def start_recorder(self, *args) -> int:
+        from ragledger.recorder import start_recorder
+
+        return start_recorder(*args)
+
 
 def counting_plans(monkeypatch) -> list[str]:
     """Every call of flows/plan.py `plan`, wherever a module took the name."""
     import flows.cached
-    import flows.execute
+    import flows.executor
     import flows.plan
     import flows.prepare
 
@@ -48,7 +53,7 @@ def counting_plans(monkeypatch) -> list[str]:
         calls.append(spec.name)
         return real(spec, *args, **kwargs)
 
-    for module in (flows.plan, flows.prepare, flows.cached, flows.execute):
+    for module in (flows.plan, flows.prepare, flows.cached, flows.executor):
         monkeypatch.setattr(module, "plan", plan)
     return calls
 

@@ -86,8 +86,9 @@ _home: dict[str, str] = {}  # the cache home of the test running now (fresh_cach
 
 
 def user_env() -> dict[str, str]:
-    """A shell's environment: no Prefect API or home from the pytest process, the bench key set."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
+    """A shell's environment: no Prefect API or home from the pytest process, nor its foreground recording
+    (tests/conftest.py), the bench key set."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_")) and k != "RAGLEDGER_FOREGROUND"}
     env["RAGLEDGER_BENCH_KEY"] = "unused"
     return env | _home
 

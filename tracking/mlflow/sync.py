@@ -105,11 +105,7 @@ def publish(store_root: str | Path, manifest: Path, record: dict[str, Any], trac
     experiment, execution = record["summary"]["experiment"], manifest.stem
     marker = marker_path(store_root, experiment, execution)
     with execution_lock(store_root, experiment, execution, wait=True):
-        # the marker before the manifest: a kill between the two leaves a marker without a manifest (dropped by
-        # sync), never a manifest that nothing would log
-        write_text_atomically(marker, json.dumps({"experiment": experiment, "execution": execution,
-                                                  "manifest": str(manifest), "tracking_uri": tracking_uri}))
-        write_text_atomically(manifest, json.dumps(record, indent=2, default=str))
+        _write_pending(marker, manifest, record, tracking_uri)
         try:
             logged = log_execution(tracking_uri, execution, record, store_root)
         except Exception as exc:  # MLflow down, or refusing: the store has everything; logging is retried later
@@ -118,6 +114,38 @@ def publish(store_root: str | Path, manifest: Path, record: dict[str, Any], trac
         write_text_atomically(manifest, json.dumps(record, indent=2, default=str))
         marker.unlink()
     return record
+
+
+def leave_pending(store_root: str | Path, manifest: Path, record: dict[str, Any], tracking_uri: str) -> None:
+    """A finished execution whose logging is left to `sync` (another process's, ragledger/recorder.py): its pending
+    marker and its manifest written, nothing logged."""
+    experiment, execution = record["summary"]["experiment"], manifest.stem
+    with execution_lock(store_root, experiment, execution, wait=True):
+        _write_pending(marker_path(store_root, experiment, execution), manifest, record, tracking_uri)
+
+
+def note_recording(store_root: str | Path, manifest: Path, flow_run_ids: tuple[str | None, str | None],
+                   analysis_files: list[str]) -> None:
+    """What the recorder of a pending execution made (ragledger/recorder.py) noted on its manifest, so its MLflow
+    runs carry it: the Prefect flow run, and analysis files (the recall curve). An execution logged already is left
+    as it is."""
+    experiment, execution = json.loads(manifest.read_text())["summary"]["experiment"], manifest.stem
+    with execution_lock(store_root, experiment, execution, wait=True):
+        if not marker_path(store_root, experiment, execution).exists():
+            return
+        record = json.loads(manifest.read_text())
+        record["summary"]["flow_run_id"], record["summary"]["root_flow_run_id"] = flow_run_ids
+        record["analysis_files"] = list(dict.fromkeys(analysis_files + record.get("analysis_files", [])))
+        write_text_atomically(manifest, json.dumps(record, indent=2, default=str))
+
+
+def _write_pending(marker: Path, manifest: Path, record: dict[str, Any], tracking_uri: str) -> None:
+    # the marker before the manifest: a kill between the two leaves a marker without a manifest (dropped by sync),
+    # never a manifest that nothing would log
+    summary = record["summary"]
+    write_text_atomically(marker, json.dumps({"experiment": summary["experiment"], "execution": manifest.stem,
+                                              "manifest": str(manifest), "tracking_uri": tracking_uri}))
+    write_text_atomically(manifest, json.dumps(record, indent=2, default=str))
 
 
 def sync(store_root: str | Path, tracking_uri: str | None = None, only_uri: str | None = None,
