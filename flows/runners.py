@@ -30,9 +30,13 @@ def _flows_dask_runner():
     if "prefect_dask" not in sys.modules:
         return None
     from prefect.context import get_run_context
+    from prefect.exceptions import MissingContextError
     from prefect_dask import DaskTaskRunner
 
-    runner = get_run_context().task_runner
+    try:
+        runner = get_run_context().task_runner
+    except MissingContextError:  # not in a flow (flows/direct.py): its tasks run in this process's threads
+        return None
     return runner if isinstance(runner, DaskTaskRunner) else None
 
 

@@ -195,13 +195,14 @@ def test_a_head_start_that_stops_before_planning_leaves_the_flow_to_plan(workspa
     """Whatever stops a head start before the run is planned (here the search engines' start), the flow waiting for
     its plan gets none at once and plans the run itself (flows/head_start.py `prepared`), and `ragledger run` is not
     held waiting for first calls that will not leave."""
+    import flows.head_start
     from flows.head_start import HeadStart
     from schemas.spec import parse_spec
 
-    def no_engines(self):
+    def no_engines(spec, store_root):
         raise OSError("no JVM on this machine")
 
-    monkeypatch.setattr(HeadStart, "_start_engines_of_a_first_run", no_engines)
+    monkeypatch.setattr(flows.head_start, "engines_started_for_a_first_run", no_engines)
     spec = make_spec(workspace, "http://127.0.0.1:9/v1")  # an endpoint up already: calls would be sent early
     head = HeadStart.begin(parse_spec(spec), spec["tracking"]["store"], None)
     assert head is not None

@@ -146,12 +146,17 @@ def preload(tracking_uri: str) -> None:
     """Import MLflow and open the tracking store of `tracking_uri` ahead of the logging: a run calls this in a
     background thread while its model calls are in flight (seconds of imports and, for SQLite, the schema check),
     so the logging at its end starts at once. MLflow keeps one store per URI, which the logging then reuses.
-    Never raises: the logging meets and reports whatever fails here."""
+    Never raises: the logging meets and reports whatever fails here. A SQLite store that does not exist yet is
+    only imported for, not created: its schema's creation takes several transactions, and a run that fails
+    meanwhile ends its process without waiting for this thread, which left half a schema the next run could not
+    open ("table latest_metrics already exists")."""
     try:
         from mlflow import MlflowClient
 
         for name, value in HTTP_RETRY_DEFAULTS.items():
             os.environ.setdefault(name, value)
+        if tracking_uri.startswith("sqlite:///") and not Path(tracking_uri.removeprefix("sqlite:///")).exists():
+            return
         with _sqlite_init_lock(tracking_uri):
             MlflowClient(tracking_uri=tracking_uri)._tracking_client.store  # noqa: B018 (opening it is the point)
     except Exception:  # unreachable, misconfigured: the logging reports it, with the run's context
