@@ -37,6 +37,7 @@ SLOW = {
     "tests/test_mlflow_log.py",  # four processes creating one SQLite store; a subprocess reading MLflow back
     "tests/test_disk_full.py::test_disk_full_stops_cleanly_and_resumes_to_the_same_outcomes",
     "tests/test_reliability.py::test_kill_9_at_five_points_then_resume_gives_the_uninterrupted_result",
+    "tests/test_reliability.py::test_kill_9_of_a_run_that_records_after_its_table_then_resume_gives_the_uninterrupted_result",
     "tests/test_reliability.py::test_secrets_appear_nowhere",
     "tests/test_reliability.py::test_backend_down_is_a_clear_error_and_resumable",
     "tests/test_reliability.py::test_store_verify_names_a_damaged_segment",

@@ -169,12 +169,23 @@ CRASH_POINTS = ["retrieve.done:1", "generate.call:7", "events.before_rename:5", 
 
 
 def test_kill_9_at_five_points_then_resume_gives_the_uninterrupted_result(tmp_path):
+    killed_at_points_then_resumed(tmp_path, CRASH_POINTS, {})
+
+
+def test_kill_9_of_a_run_that_records_after_its_table_then_resume_gives_the_uninterrupted_result(tmp_path):
+    """The same on the route `ragledger run` takes by default (flows/direct.py), whose process logs nothing to
+    MLflow (its recorder does, after the table)."""
+    points = [p for p in CRASH_POINTS if not p.startswith("mlflow.")]
+    killed_at_points_then_resumed(tmp_path, points, {"RAGLEDGER_FOREGROUND": "0"})
+
+
+def killed_at_points_then_resumed(tmp_path: Path, points: list[str], env: dict[str, str]) -> None:
     clean_ws, crash_ws = tmp_path / "clean", tmp_path / "crash"
     for ws in (clean_ws, crash_ws):
         ws.mkdir()
         make_data(ws)
     with ScriptedServer(answer=reader, delay_s=0.02) as clean_server:
-        proc = cli(clean_ws, "run", str(write_spec(clean_ws, clean_server.base_url)))
+        proc = cli(clean_ws, "run", str(write_spec(clean_ws, clean_server.base_url)), env=env)
         assert proc.returncode == 0, proc.stderr
     # a first run in a new directory (a new index, a new MLflow store) says nothing of its libraries' bookkeeping
     for noise in ("INFO mlflow", "MMapDirectory", "SLF4J("):
@@ -185,11 +196,11 @@ def test_kill_9_at_five_points_then_resume_gives_the_uninterrupted_result(tmp_pa
     with ScriptedServer(answer=reader, delay_s=0.02) as server:
         spec = write_spec(crash_ws, server.base_url, compact=False)  # the segments as the resumed runs wrote them
         killed = 0
-        for point in CRASH_POINTS:
-            proc = cli(crash_ws, "run", str(spec), env={"RAGLEDGER_CRASH_AT": point})
+        for point in points:
+            proc = cli(crash_ws, "run", str(spec), env={**env, "RAGLEDGER_CRASH_AT": point})
             assert proc.returncode == -9, f"{point}: expected SIGKILL, got {proc.returncode}\n{proc.stderr[-2000:]}"
             killed += 1
-        final = cli(crash_ws, "run", str(spec))
+        final = cli(crash_ws, "run", str(spec), env=env)
         assert final.returncode == 0, final.stderr
         assert outcome_table(crash_ws) == expected
         for kind, (rows, distinct) in raw_event_counts(crash_ws).items():
@@ -202,6 +213,12 @@ def test_kill_9_at_five_points_then_resume_gives_the_uninterrupted_result(tmp_pa
         verify = cli(crash_ws, "store", "verify")
         assert verify.returncode == 0, verify.stdout + verify.stderr
         print(f"kills survived: {killed}; calls {len(keys)} (unique {len(set(keys))}, repeated in-flight {repeated})")
+    if env.get("RAGLEDGER_FOREGROUND") == "0":  # the final run's recorder logs it (the killed runs left no manifest)
+        pending = crash_ws / ".ragledger" / "store" / "mlflow-pending"
+        deadline = time.monotonic() + 180
+        while list(pending.rglob("*.json")) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not list(pending.rglob("*.json")), "the final run's recorder did not log it to MLflow"
 
 
 # ---- backend down, concurrency, integrity, secrets ---------------------------------------------------
