@@ -6,10 +6,10 @@ record in the foreground (flows/launch.py `takes_direct_route`). The run is plan
 bodies (tasks/stage_runs.py) on a plain thread pool instead of Prefect's task runner, each stage answered by the
 result the store keeps under its key when an earlier run ran it. Then its metrics, recall curve, readers table and
 run manifest are written as the flow's recording writes them (flows/recording.py), the manifest with its MLflow
-logging pending (tracking/mlflow/sync.py `leave_pending`), and the store is compacted. The command prints the table
+logging pending (tracking/mlflow/sync.py `leave_pending`). The command prints the table
 and starts the recorder (ragledger/recorder.py), which runs the experiment's Prefect flow over the same plan (every task
-answered by its kept result), draws the recall curve, adds it to the manifest, and logs the execution to MLflow
-from its manifest. Killed before it logged, the
+answered by its kept result), draws the recall curve, adds it to the manifest, logs the execution to MLflow
+from its manifest and compacts the experiment's segments. Killed before it logged, the
 recorder leaves the marker: the next run that logs to the same MLflow, or `ragledger sync`, logs it.
 
 What the route saves is Prefect's imports, its temporary API server's start and its task runs, and MLflow's import
@@ -62,13 +62,10 @@ def run_direct(spec: ExperimentSpec, store_root: str, base_url: str | None = Non
     """The run summary of `spec`, run into `store_root` without Prefect, its MLflow logging left pending for the
     recorder. `planned`: the run, when it was planned already (flows/launch.py asked the store for it)."""
     from core.diskfull import as_store_full
-    from flows.head_start import engines_started_for_a_first_run
     from tracking.mlflow.log import resolve_tracking_uri
 
     clock = StageClock()
-    if planned is None:  # the JVM's start (~1 s) beside the imports and the plan
-        engines_started_for_a_first_run(spec, store_root)
-    if _calls_first(spec, base_url, planned):  # its imports (~1 s of CPU) beside the plan and the retrieval
+    if planned is not None and _calls_first(spec, base_url, planned):  # its imports beside the rest of the start
         from engines.call_processes import start_first_call_process
 
         start_first_call_process()
@@ -85,7 +82,7 @@ def run_direct(spec: ExperimentSpec, store_root: str, base_url: str | None = Non
             # the recall curve's plot (matplotlib) waits for the recorder, as Prefect and MLflow do
             done = execute(the_plan, questions, run, base_url, accounting, clock, plain_tasks(pool), kept,
                            recall_curve=False)
-        summary = record_run(done, run, accounting, clock, tracking_uri, logged_after)
+        summary = record_run(done, run, accounting, clock, tracking_uri, logged_after, compact=False)
     except Exception as exc:  # out of space anywhere under the store: one StoreFullError naming the file
         full = as_store_full(exc, store_root)
         if full is None:
@@ -94,12 +91,14 @@ def run_direct(spec: ExperimentSpec, store_root: str, base_url: str | None = Non
     return asdict(summary)
 
 
-def _calls_first(spec: ExperimentSpec, base_url: str | None, planned: PreparedRun | None) -> bool:
-    """Whether the run will call an endpoint that is up already (not the embedded server, which starts with the
-    first call that must be made): a first run, or a rerun with a generate stage no earlier run ran."""
-    if base_url is None and (spec.model.backend == "embedded" or not spec.model.base_url):
+def _calls_first(spec: ExperimentSpec, base_url: str | None, planned: PreparedRun) -> bool:
+    """Whether a rerun will call an endpoint that is up already (flows/head_start.py `up_already`) for a generate
+    stage no earlier run ran (a first run's call process is started with the command: flows/launch.py)."""
+    from flows.head_start import up_already
+
+    if up_already(spec, base_url) is None:
         return False
-    return planned is None or not all(kept(planned.run, g) for rounds in planned.plan.generates.values() for g in rounds)
+    return not all(kept(planned.run, g) for rounds in planned.plan.generates.values() for g in rounds)
 
 
 def logged_after(store_root: str, manifest: str, record: dict[str, Any], tracking_uri: str) -> dict[str, Any]:

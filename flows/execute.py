@@ -32,6 +32,8 @@ from tasks.stages import RunContext, Stage
 from tracking.mlflow.log import preload as preload_mlflow
 from tracking.mlflow.log import resolve_tracking_uri
 from tracking.mlflow.sync import MlflowLoggingPending, note_recording, publish, sync
+from tracking.store.compaction import compact_experiment
+from tracking.store.events import EventStore
 
 
 @task(name="log-to-mlflow")
@@ -97,13 +99,16 @@ def log_pending_to_mlflow(store_root: str, tracking_uri: str) -> list[str]:
 def recorded_flow(spec: ExperimentSpec, store_root: str, manifest: str) -> list[str]:
     """The flow run of a run made without Prefect (flows/direct.py), recorded after it (ragledger/recorder.py): the
     same plan's stage tasks, each answered by the result the store keeps under its key (a task whose result is gone
-    runs, as in any flow), then its recall curve drawn, and the execution's MLflow logging, with this flow run and
-    the recall curve noted on its manifest."""
+    runs, as in any flow), then its recall curve drawn, the execution's MLflow logging, with this flow run and the
+    recall curve noted on its manifest, and the experiment's segments compacted."""
     the_plan, run, questions = plan_run(spec, store_root)
     accounting = Accounting(run.run_token)
     done = execute(the_plan, questions, run, None, accounting, StageClock(), PREFECT_TASKS, persisted_or_kept)
     note_recording(store_root, Path(manifest), flow_run_ids(), recall_curve_files(done.execution))
-    return log_pending_to_mlflow(store_root, resolve_tracking_uri(spec.tracking.mlflow_uri))
+    logged = log_pending_to_mlflow(store_root, resolve_tracking_uri(spec.tracking.mlflow_uri))
+    if spec.tracking.compact:  # left by the run (flows/direct.py): its segments become one pack per kind
+        compact_experiment(EventStore(store_root), spec.name)
+    return logged
 
 
 def run_experiment(spec: ExperimentSpec | dict, store_root: str, base_url: str | None = None, tracking_uri: str | None = None,

@@ -73,7 +73,7 @@ class HeadStart:
                  planned: PreparedRun | None = None) -> None:
         self.spec, self.store_root = spec, store_root
         self._planned = planned  # the run as planned before the head start began (flows/launch.py), if it was
-        self.url = _up_already(spec, base_url)  # the endpoint, when it is up before the flow: calls are sent early
+        self.url = up_already(spec, base_url)  # the endpoint, when it is up before the flow: calls are sent early
         self.started_at = time.perf_counter()  # the run's work started here, not with the flow
         # set once the first shard's calls are sent (or the head start ended without): `ragledger run` starts
         # Prefect's server and imports Prefect only then, so the first calls do not share 2 cores and the GIL with them
@@ -232,7 +232,7 @@ def _persisted_check(questions_segment: str, store_root: str) -> Callable[[str],
     return lambda key: stored and ((results / key).exists() or layout.stage_result(key).exists())
 
 
-def _up_already(spec: ExperimentSpec, base_url: str | None) -> str | None:
+def up_already(spec: ExperimentSpec, base_url: str | None) -> str | None:
     """The endpoint the flow's generate tasks will call, when it is up already (not the embedded server)."""
     if base_url is not None:
         return base_url
@@ -253,6 +253,16 @@ def engines_started_for_a_first_run(spec: ExperimentSpec, store_root: str) -> bo
     if first_in_store:
         _start_engines([name for name in spec.retrievers if not parse_retriever(name).needs_llm])
     return first_in_store
+
+
+def started_ahead_of_a_first_run(spec: ExperimentSpec, store_root: str, base_url: str | None) -> None:
+    """For the first run of an experiment in this store: its search engines (the JVM) and, for an endpoint that is
+    up already, one model-call process started now, in the background, so that their starts overlap the command's
+    checks and imports (flows/launch.py, the direct route). Starts nothing for a rerun, which the store may answer."""
+    if engines_started_for_a_first_run(spec, store_root) and up_already(spec, base_url) is not None:
+        from engines.call_processes import start_first_call_process
+
+        start_first_call_process()
 
 
 def _start_engines(names: list[str]) -> None:

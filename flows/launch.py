@@ -62,6 +62,10 @@ class Host(Protocol):
 def launch(spec: AnySpec, options: RunOptions, host: Host) -> dict[str, Any]:
     """The run summary of `spec` (a sweep's: one per experiment), answered from the store or run. Raises the
     errors of the inputs (before anything is written) and of the run."""
+    if _takes_direct_route(spec, options):  # a first run's JVM and call process start beside the checks and imports
+        from flows.head_start import started_ahead_of_a_first_run
+
+        started_ahead_of_a_first_run(spec, options.store_root, options.base_url)  # type: ignore[arg-type]
     preflight(spec, host.say)
     from tracking.store.remote import pushed
 

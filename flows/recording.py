@@ -58,9 +58,10 @@ def recall_curve_files(execution: PlanExecution) -> list[str]:
 
 
 def record_run(done: Executed, run: RunContext, accounting: Accounting, clock: StageClock, tracking_uri: str,
-               log: Logger, flow_run_ids: tuple[str | None, str | None] = (None, None)) -> RunSummary:
+               log: Logger, flow_run_ids: tuple[str | None, str | None] = (None, None), compact: bool = True) -> RunSummary:
     """The run's summary: metrics per cell, the recall curve and readers table, the run manifest written and logged
-    to MLflow by `log`. `flow_run_ids`: the Prefect flow run's and its root's, when it runs in one."""
+    to MLflow by `log`, then the store compacted when the spec asks (`compact` False: by the run's recorder,
+    flows/direct.py). `flow_run_ids`: the Prefect flow run's and its root's, when it runs in one."""
     clock.restart()  # metrics per cell, from the stored records of this run: closing the endpoint is not a stage
     p, spec, store_root = done.plan, run.spec, run.store_root
     summary = RunSummary(spec.name, spec.spec_hash(), len(p.qids), p.questions_sampled,
@@ -92,7 +93,7 @@ def record_run(done: Executed, run: RunContext, accounting: Accounting, clock: S
         summary.mlflow_parent_run_id = logged["parent"]
         summary.mlflow_cell_run_ids = logged["cells"]
         summary.mlflow_experiment_id = logged["experiment_id"]
-    if spec.tracking.compact:  # the execution is complete: its segments become one pack per kind
+    if compact and spec.tracking.compact:  # the execution is complete: its segments become one pack per kind
         compact_experiment(EventStore(store_root), spec.name)
         clock.lap("compact")
     return summary
