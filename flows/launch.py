@@ -118,7 +118,7 @@ def _run_direct(spec: ExperimentSpec, options: RunOptions, host: Host, planned: 
     with host.running(spec):
         summary = run_direct(spec, options.store_root, options.base_url, planned)
     summary["recorder_pid"] = host.start_recorder(options.store_root, summary["tracking_uri"], summary["manifest"],
-                                             spec.model_dump_json())
+                                                  spec.model_dump_json())
     return summary
 
 
