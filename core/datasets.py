@@ -204,10 +204,45 @@ def load_questions(name: str, path: str) -> list[Question]:
     if key not in _loaded:
         if len(_loaded) >= 8:
             _loaded.pop(next(iter(_loaded)))
-        _loaded[key] = _parse_questions(name, p)
+        _loaded[key] = _kept_questions(key) or _keep_questions(key, _parse_questions(name, p))
     # shallow copies through the constructor, every field included: an order of magnitude faster than copy.copy, on
     # the way to the first model call of a run (docs/performance.md, "Small costs behind the code")
     return [replace(q) for q in _loaded[key]]
+
+
+KEPT_QUESTIONS_VERSION = "1"  # bumped when Question's fields change: files kept before are then parsed again
+
+
+def _kept_questions_path(key: tuple) -> Path:
+    from core.paths import cache_home
+
+    return cache_home() / "datasets" / f"{hashlib.sha256(repr((KEPT_QUESTIONS_VERSION, key)).encode()).hexdigest()}.pickle"
+
+
+def _kept_questions(key: tuple) -> list[Question] | None:
+    """A dataset file's questions as a process on this machine parsed them (a command's fixed cost: SQuAD dev's parse
+    is ~0.3 s, its kept copy read in ~0.05 s), named by the file's identity (core/paths.py `file_identity`)."""
+    import pickle
+
+    try:
+        questions = pickle.loads(_kept_questions_path(key).read_bytes())
+    except Exception:  # none kept, unreadable or of another Question: parsed again
+        return None
+    return questions if isinstance(questions, list) and all(type(q) is Question for q in questions) else None
+
+
+def _keep_questions(key: tuple, questions: list[Question]) -> list[Question]:
+    import pickle
+
+    from core.atomic import atomic_write_bytes
+
+    path = _kept_questions_path(key)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, pickle.dumps(questions, protocol=pickle.HIGHEST_PROTOCOL))
+    except OSError:  # an optimisation: a read-only or full cache home parses each time
+        pass
+    return questions
 
 
 def _parse_questions(name: str, p: Path) -> list[Question]:

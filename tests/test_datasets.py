@@ -96,3 +96,27 @@ def test_user_corpus_jsonl(tmp_path):
     write_jsonl(p, [{"id": 1, "text": ""}])
     with pytest.raises(DatasetError, match="row 1: field 'text' is empty"):
         list(iter_corpus("jsonl", [str(p)]))
+
+
+def test_a_parsed_dataset_is_kept_for_the_next_process_until_its_file_changes(tmp_path, monkeypatch):
+    """core/datasets.py keeps a file's parsed questions in the cache home, named by the file's identity: another
+    process (here: this one with its in-process copies dropped) reads them without parsing; a changed file is parsed."""
+    import os
+
+    import core.datasets as datasets
+
+    monkeypatch.setenv("RAGLEDGER_HOME", str(tmp_path / "home"))
+    p = tmp_path / "mine.jsonl"
+    write_jsonl(p, [{"id": "a", "question": "q?", "answers": ["x"]}, {"id": "b", "question": "r?", "answers": ["y"]}])
+    parses: list[str] = []
+    real = datasets._parse_questions
+    monkeypatch.setattr(datasets, "_parse_questions", lambda name, path: parses.append(name) or real(name, path))
+    first = load_questions("jsonl", str(p))
+    monkeypatch.setattr(datasets, "_loaded", {})  # a new process
+    again = load_questions("jsonl", str(p))
+    assert parses == ["jsonl"] and again == first and [q.qid for q in again] == ["a", "b"]
+
+    write_jsonl(p, [{"id": "c", "question": "s?", "answers": ["z"]}])
+    os.utime(p, ns=(1, 1))
+    monkeypatch.setattr(datasets, "_loaded", {})
+    assert [q.qid for q in load_questions("jsonl", str(p))] == ["c"] and parses == ["jsonl", "jsonl"]
