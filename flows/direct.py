@@ -28,8 +28,8 @@ from flows.prepare import PreparedRun, plan_run, store_run
 from flows.recording import record_run
 from flows.run_summary import Accounting, StageClock
 from schemas.spec import ExperimentSpec
-from tasks.stage_runs import kept_result, stage_body, stage_functions
-from tasks.stages import RunContext, Stage, StageResult
+from tasks.stage_runs import is_kept, stage_body, stage_functions
+from tasks.stages import StageResult
 
 # what the run summary's mlflow_pending says until the recorder has logged the execution
 RECORDED_AFTER = "logged to MLflow by the run's recorder, started once the table is printed (ragledger/recorder.py)"
@@ -53,10 +53,6 @@ def plain_tasks(pool: concurrent.futures.ThreadPoolExecutor) -> StageTasks:
     return StageTasks(**{name: PlainTask(stage_body(fn), pool) for name, (_, fn) in stage_functions().items()})
 
 
-def kept(run: RunContext, stage: Stage) -> bool:
-    return kept_result(run, stage) is not None
-
-
 def run_direct(spec: ExperimentSpec, store_root: str, base_url: str | None = None,
                planned: PreparedRun | None = None) -> dict[str, Any]:
     """The run summary of `spec`, run into `store_root` without Prefect, its MLflow logging left pending for the
@@ -71,7 +67,7 @@ def run_direct(spec: ExperimentSpec, store_root: str, base_url: str | None = Non
         start_first_call_process()
     the_plan, run, questions = prepared = planned or plan_run(spec, store_root)
     # the indexes of the retrievers whose retrievals are still to be made (a rerun's kept ones start no JVM)
-    retrievers = dict.fromkeys(s.retriever for s in the_plan.retrieves.values() if not kept(run, s))
+    retrievers = dict.fromkeys(s.retriever for s in the_plan.retrieves.values() if not is_kept(run, s))
     tracking_uri = resolve_tracking_uri(spec.tracking.mlflow_uri)
     accounting = Accounting(run.run_token)
     # one thread per chain the pipeline keeps a task of in flight at once (flows/pipeline.py)
@@ -80,7 +76,7 @@ def run_direct(spec: ExperimentSpec, store_root: str, base_url: str | None = Non
         store_run(prepared, retrievers)
         with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="ragledger-stage") as pool:
             # the recall curve's plot (matplotlib) waits for the recorder, as Prefect and MLflow do
-            done = execute(the_plan, questions, run, base_url, accounting, clock, plain_tasks(pool), kept,
+            done = execute(the_plan, questions, run, base_url, accounting, clock, plain_tasks(pool), is_kept,
                            recall_curve=False)
         summary = record_run(done, run, accounting, clock, tracking_uri, logged_after, compact=False)
     except Exception as exc:  # out of space anywhere under the store: one StoreFullError naming the file
@@ -98,7 +94,7 @@ def _calls_first(spec: ExperimentSpec, base_url: str | None, planned: PreparedRu
 
     if up_already(spec, base_url) is None:
         return False
-    return not all(kept(planned.run, g) for rounds in planned.plan.generates.values() for g in rounds)
+    return not all(is_kept(planned.run, g) for rounds in planned.plan.generates.values() for g in rounds)
 
 
 def logged_after(store_root: str, manifest: str, record: dict[str, Any], tracking_uri: str) -> dict[str, Any]:

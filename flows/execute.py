@@ -27,7 +27,7 @@ from flows.run_summary import Accounting, StageClock
 from flows.runners import task_processes, task_runner_for, without_default_heartbeats
 from schemas.spec import ExperimentSpec
 from tasks.prefect_tasks import STAGE_TASKS, generate_round_task
-from tasks.stage_runs import kept_result
+from tasks.stage_runs import is_kept
 from tasks.stages import RunContext, Stage
 from tracking.mlflow.log import preload as preload_mlflow
 from tracking.mlflow.log import resolve_tracking_uri
@@ -64,7 +64,7 @@ def persisted_or_kept(run: RunContext, stage: Stage) -> bool:
             return True
     except Exception:  # nothing persisted under this key (or unreadable)
         pass
-    return kept_result(run, stage) is not None
+    return is_kept(run, stage)
 
 
 @flow(name="ragledger-experiment", version=FLOW_VERSION)

@@ -40,6 +40,11 @@ def kept_result(run: RunContext, stage: Stage) -> StageResult | None:
     return result if result.segment_exists() else None
 
 
+def is_kept(run: RunContext, stage: Stage) -> bool:
+    """Whether the stage's task will take a kept result instead of running."""
+    return kept_result(run, stage) is not None
+
+
 def keep_result(run: RunContext, stage: Stage, result: StageResult) -> None:
     """Keep `result` under the stage's key. An optimisation: a failure to write it is left to the store's next
     write to report (a full disk)."""
