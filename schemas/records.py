@@ -6,12 +6,14 @@ its payload. `validate_records` is the one gate every batch passes before it is 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import threading
 from typing import Any, Optional
 
 import pandas as pd
 import pandera.pandas as pa
+from pandera.engines import pandas_engine
 from pandera.typing import Series
 
 from schemas.errors import RecordValidationError
@@ -217,11 +219,31 @@ def schema_of(kind: str) -> pa.DataFrameSchema:
                 try:
                     for name in saved:
                         setattr(pandas_model, name, pandas_only[name])
-                    schema = _schemas[kind] = RECORD_MODELS[kind].to_schema()
+                    schema = RECORD_MODELS[kind].to_schema()
                 finally:
                     for name, function in saved.items():
                         setattr(pandas_model, name, function)
+                for column in schema.columns.values():
+                    if type(column.dtype) is pandas_engine.STRING:
+                        column.dtype = _String(column.dtype.storage)
+                _schemas[kind] = schema
     return schema
+
+
+@dataclasses.dataclass(frozen=True)
+class _String(pandas_engine.STRING):
+    """pandera's string dtype, answering a column of exactly that dtype with one True. pandera's own answers it with
+    an array of Trues, which its dtype check takes for element-wise results: it then selects the failing rows (none),
+    shapes them into a failure-case frame and formats that frame into a message, for every string column of every
+    batch: ~40% of the validation of a batch of retrievals. Any other column dtype is answered as pandera does."""
+
+    def check(self, pandera_dtype, data_container=None):  # type: ignore[override]
+        try:
+            if pandas_engine.Engine.dtype(pandera_dtype).type == self.type:
+                return True
+        except TypeError:
+            return False
+        return super().check(pandera_dtype, data_container)
 
 
 def columns_of(kind: str) -> list[str]:

@@ -133,26 +133,28 @@ class RunContext:
                                    questions_segment=str(on_this_mirror(root, self.questions_segment)))
 
     def questions(self, store: EventStore, qids: Sequence[str]):
-        """The shard's questions, in shard order."""
-        q = _questions_segment(store, self.questions_segment)
-        q = q[q["qid"].isin(qids)].set_index("qid")
-        return q.loc[[x for x in qids if x in q.index]].reset_index()
+        """The shard's questions, in shard order, `qid` first."""
+        q, row_of = _questions_segment(store, self.questions_segment)
+        rows = q.iloc[[row_of[x] for x in qids if x in row_of]]
+        return rows[["qid", *(c for c in q.columns if c != "qid")]].reset_index(drop=True)
 
 
 _segments_lock = threading.Lock()
 _segments: dict[tuple[str, str], Any] = {}
 
 
-def _questions_segment(store: EventStore, segment: str):
-    """A run's questions segment, read once per process: every task of the run asks for it, and a segment is written
-    once and never changed (named by the hash of its events' ids), so it is read whole once and each task takes its
-    shard's rows."""
+def _questions_segment(store: EventStore, segment: str) -> tuple[Any, dict[str, int]]:
+    """A run's questions segment and the row of each qid in it, read once per process: every task of the run asks
+    for it, and a segment is written once and never changed (named by the hash of its events' ids), so it is read
+    whole once and each task takes its shard's rows by position (by value, with `isin` over the segment's arrow
+    strings, 3x the time: 2.0 against 0.7 ms for 125 of 2,000 questions)."""
     key = (str(store.root), segment)
     with _segments_lock:
         if key not in _segments:
             if len(_segments) >= 8:
                 _segments.pop(next(iter(_segments)))
-            _segments[key] = store.read("questions", paths=[segment])
+            q = store.read("questions", paths=[segment])
+            _segments[key] = (q, {qid: i for i, qid in enumerate(q["qid"].tolist())})
         return _segments[key]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from schemas.records import RECORD_MODELS, columns_of
+from schemas.records import RECORD_MODELS, RecordValidationError, columns_of
 
 
 def test_columns_of_is_the_order_of_the_pandera_schema_for_every_kind():
@@ -30,3 +30,31 @@ def test_each_kind_has_one_schema_per_process_the_same_as_pandera_builds_and_no_
             "for k, m in RECORD_MODELS.items()))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "True", "True"]
+
+
+def test_a_string_column_is_checked_without_failure_cases_and_validates_as_pandera_own_dtype_does():
+    import pandas as pd
+    import pytest
+    from pandera.backends.pandas.array import ArraySchemaBackend
+
+    from schemas.records import schema_of, validate_records
+    from tracking.store.events import new_events
+
+    rows = [{"event_id": f"{i:032d}", "cell": "bm25@1", "qid": f"q{i}", "retriever": "bm25@1", "rank": 1, "pid": "p",
+             "score": 1.0, "title": "t", "text": "x", "text_hash": "0" * 32} for i in range(3)]
+    df = new_events("retrievals", "exp", rows)
+    results = []
+    original = ArraySchemaBackend.check_dtype
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ArraySchemaBackend, "check_dtype",
+                   lambda self, obj, schema: results.append((obj.name, original(self, obj, schema))) or results[-1][1])
+        validate_records("retrievals", df)
+    strings = {name: r for name, r in results if pd.api.types.is_string_dtype(df[name])}
+    assert set(strings) == {"event_id", "experiment", "cell", "qid", "retriever", "pid", "title", "text", "text_hash"}
+    assert all(r.passed is True and r.failure_cases is None for r in strings.values())
+    # what needs coercing comes out as from pandera's own string dtype; what cannot pass fails as there
+    own = RECORD_MODELS["retrievals"].to_schema()
+    mixed = df.assign(pid=pd.Series([7, "p", 8], dtype=object))
+    pd.testing.assert_frame_equal(schema_of("retrievals").validate(mixed), own.validate(mixed))
+    with pytest.raises(RecordValidationError, match="event_id"):
+        validate_records("retrievals", df.assign(event_id=["short", "x" * 32, "y" * 32]))
