@@ -1,4 +1,4 @@
-"""The recorder of a run made without Prefect's flow (flows/direct.py): a process of its own, started once the run's
+"""The recorder of runs made without Prefect's flow (flows/direct.py): a process of its own, started once a run's
 table is printed, that records the run in Prefect and MLflow.
 
 It runs the experiment's Prefect flow over the same plan (flows/execute.py `recorded_flow`): every stage task is
@@ -6,19 +6,24 @@ answered by the result the store keeps under its key, so Prefect holds the flow 
 the flow would have left them; then it notes the flow run on the execution's manifest and logs the execution to
 MLflow from the manifest (tracking/mlflow/sync.py, exactly once). Killed or failed, it leaves the execution's
 pending marker: the next run that logs to the same MLflow, or `ragledger sync`, logs it. Its output and any
-traceback go to the run's log.
+traceback go to the log of the run that started it.
 
-Recording costs seconds of CPU (Prefect's temporary server and imports, MLflow's), which a run started meanwhile on
-the same cores would wait for: so recorders keep out of the way of runs. Every run of this machine holds a shared
-lock on `<cache home>/active-runs.lock` while it works (`run_active`), and a recorder begins only once no run has
-held it for QUIET_S seconds, at the lowest CPU priority, one recorder at a time (`<cache home>/recorder.lock`). A
-series of runs started back to back is recorded after its last run.
+Recording costs seconds of CPU (Prefect's temporary server and imports, MLflow's: ~13 CPU-seconds for a 20-question
+run, more than the run), which a run started meanwhile on the same cores would wait for: so recorders keep out of the
+way of runs, and runs made one after another are recorded together. A run queues what it asks to be recorded, a
+file under `<cache home>/recordings/`, and starts a recorder; the recorder that holds `<cache home>/recorder.lock`
+(one at a time) records every queued recording of its working directory (whose Prefect home they share) in one
+process, with one temporary Prefect server, and the recorders waiting behind it find their recordings done and end.
+A recording is removed from the queue once recorded, so a killed recorder's is recorded by the next. Every run of this
+machine holds a shared lock on `<cache home>/active-runs.lock` while it works (`run_active`); a recorder begins each
+recording only once no run has held it for QUIET_S seconds, at the lowest CPU priority.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import logging
 import os
 import subprocess
@@ -66,20 +71,30 @@ def _wait_for_quiet() -> None:
             quiet_since = time.monotonic()
 
 
-def start_recorder(store_root: str, tracking_uri: str, manifest: str | None = None, spec_json: str | None = None) -> int:
-    """Start the recorder of the execution whose manifest is `manifest` (of spec `spec_json`), detached from this
-    process (it outlives the command and takes no signal from its terminal); its pid. Without them: a recorder that
-    only logs the store's pending executions for `tracking_uri` to MLflow (a cached answer's, flows/launch.py)."""
-    import ragledger.runlog as runlog
+RECORDINGS = "recordings"  # the queue, under the cache home
+STALE_AFTER_S = 7 * 24 * 3600  # a recording queued this long ago (its recorders all failed or were killed) is dropped
 
+
+def start_recorder(store_root: str, tracking_uri: str, manifest: str | None = None, spec_json: str | None = None) -> int:
+    """Queue the recording of the execution whose manifest is `manifest` (of spec `spec_json`) and start a recorder,
+    detached from this process (it outlives the command and takes no signal from its terminal); its pid, which ends
+    once the recording is done. Without them: the logging of the store's pending executions for `tracking_uri` to
+    MLflow only (a cached answer's, flows/launch.py)."""
+    import ragledger.runlog as runlog
+    from core.atomic import atomic_write_text
+
+    job = {"store_root": store_root, "tracking_uri": tracking_uri, "manifest": manifest, "spec_json": spec_json,
+           "cwd": os.getcwd()}
+    queued = _lock_file(RECORDINGS) / f"{time.time_ns()}-{os.getpid()}.json"
+    queued.parent.mkdir(exist_ok=True)
+    atomic_write_text(queued, json.dumps(job))
     path = runlog.current()
     out = subprocess.DEVNULL
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         out = open(path, "a", encoding="utf-8")  # noqa: SIM115  (the child's; closed here once it has it)
     try:
-        args = [store_root, tracking_uri] + ([] if manifest is None or spec_json is None else [manifest, spec_json])
-        proc = subprocess.Popen([sys.executable, "-m", "ragledger.recorder", *args],
+        proc = subprocess.Popen([sys.executable, "-m", "ragledger.recorder", str(queued)],
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
     finally:
         if out is not subprocess.DEVNULL:
@@ -87,18 +102,75 @@ def start_recorder(store_root: str, tracking_uri: str, manifest: str | None = No
     return proc.pid
 
 
-def record(store_root: str, tracking_uri: str, manifest: str | None = None, spec_json: str | None = None) -> None:
-    """The run's Prefect flow run, then the MLflow logging of the store's pending executions for `tracking_uri` (the
-    run's among them); the logging is tried even when Prefect fails. Without a manifest: the logging only."""
-    from tracking.mlflow.sync import sync
-
+def record(queued: str) -> None:
+    """Once this recorder holds the recorder lock: unless another recorder has recorded `queued` meanwhile, every
+    recording queued from this working directory, oldest first, each begun once runs are quiet."""
     _yield_the_cores()
     with open(_lock_file("recorder.lock"), "a") as one_at_a_time:
         fcntl.flock(one_at_a_time, fcntl.LOCK_EX)
-        _wait_for_quiet()
-        if manifest is not None and spec_json is not None:
-            _record_flow_run(store_root, manifest, spec_json)
-        result = sync(store_root, tracking_uri, only_uri=tracking_uri)  # the run's: logged by its flow already
+        if not Path(queued).exists():
+            return
+        with _PrefectApi() as prefect:
+            while jobs := _queued_here():
+                for path, job in jobs:
+                    _wait_for_quiet()
+                    try:
+                        _record_one(job, prefect)
+                    except Exception:  # a store gone, an MLflow that refuses: said, and not retried by every recorder
+                        log.exception("the recording of %s failed", job.get("manifest") or job.get("store_root"))
+                    path.unlink(missing_ok=True)
+
+
+def _queued_here() -> list[tuple[Path, dict]]:
+    """The recordings queued from this working directory, oldest first; a stale or unreadable one is dropped."""
+    jobs = []
+    for path in sorted(_lock_file(RECORDINGS).glob("*.json"), key=lambda p: int(p.stem.split("-")[0])):
+        try:
+            job = json.loads(path.read_text(encoding="utf-8"))
+            stale = time.time() - path.stat().st_mtime > STALE_AFTER_S
+        except (OSError, ValueError):
+            job, stale = None, True
+        if stale or not isinstance(job, dict) or _gone(job):
+            path.unlink(missing_ok=True)
+        elif job.get("cwd") == os.getcwd():
+            jobs.append((path, job))
+    return jobs
+
+
+def _gone(job: dict) -> bool:
+    """A recording whose store folder, or manifest in it, no longer exists: nothing to record (a store at a URL is
+    asked by the recording itself)."""
+    store, manifest = str(job.get("store_root", "")), job.get("manifest")
+    if "://" in store:
+        return False
+    return not Path(store).exists() or (manifest is not None and not Path(manifest).exists())
+
+
+class _PrefectApi(contextlib.ExitStack):
+    """The Prefect API a recorder's flow runs record in, entered at its first flow run (a queue of MLflow loggings
+    alone needs none) and left when the queue is done: one temporary server for the whole queue."""
+
+    entered = False
+
+    def enter(self) -> None:
+        if not self.entered:
+            from ragledger.prefect_env import configure_prefect_home
+            from ragledger.prefect_server import prefect_api
+
+            configure_prefect_home(Path.cwd())
+            self.enter_context(prefect_api())
+            self.entered = True
+
+
+def _record_one(job: dict, prefect: _PrefectApi) -> None:
+    """A run's Prefect flow run (the Prefect API entered into `prefect` the first time: one for the whole queue),
+    then the MLflow logging of its store's pending executions for its tracking URI, tried even when Prefect fails.
+    Without a manifest: the logging only."""
+    from tracking.mlflow.sync import sync
+
+    if job.get("manifest") and job.get("spec_json"):
+        _record_flow_run(job["store_root"], job["manifest"], job["spec_json"], prefect)
+    result = sync(job["store_root"], job["tracking_uri"], only_uri=job["tracking_uri"])  # the run's: logged already
     for pending in result.pending:
         log.error("MLflow logging of %s still pending (`ragledger sync` logs it): %s", pending["execution"],
                   pending["error"])
@@ -113,23 +185,19 @@ def _yield_the_cores() -> None:
         os.nice(19)
 
 
-def _record_flow_run(store_root: str, manifest: str, spec_json: str) -> None:
-    from ragledger.prefect_env import configure_prefect_home
+def _record_flow_run(store_root: str, manifest: str, spec_json: str, prefect: _PrefectApi) -> None:
     from schemas.spec import ExperimentSpec
 
     spec = ExperimentSpec.model_validate_json(spec_json)
-    configure_prefect_home(Path.cwd())
     try:
-        from ragledger.prefect_server import prefect_api
+        prefect.enter()
+        from flows.execute import recorded_flow
 
-        with prefect_api():
-            from flows.execute import recorded_flow
-
-            recorded_flow(spec, store_root, manifest)
+        recorded_flow(spec, store_root, manifest)
     except Exception:
         log.exception("the run's Prefect flow run was not recorded")
 
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s recorder %(levelname)s %(message)s")
-    record(*sys.argv[1:5])
+    record(sys.argv[1])

@@ -1,9 +1,9 @@
 """The direct route of `ragledger run` (flows/direct.py): one experiment on the thread runner runs without Prefect,
 its table printed before Prefect or MLflow is imported, and a recorder process of its own (ragledger/recorder.py) then
-records it in Prefect (the flow run and its task runs) and MLflow (its runs, with the flow run noted). What it
-stores equals what the flow stores; a rerun's stages run before are answered by the results the store keeps under
-their keys (tasks/stage_runs.py); a killed recorder leaves the MLflow logging to the next command (or `ragledger
-sync`)."""
+records it in Prefect (the flow run and its task runs) and MLflow (its runs, with the flow run noted); runs one after
+another are recorded by one recorder. What it stores equals what the flow stores; a rerun's stages run before are
+answered by the results the store keeps under their keys (tasks/stage_runs.py); a killed recorder leaves the MLflow
+logging to the next command (or `ragledger sync`)."""
 
 from __future__ import annotations
 
@@ -116,6 +116,41 @@ def test_a_killed_recorder_leaves_the_mlflow_logging_to_the_next_command(workspa
     waited_for(again["recorder_pid"])
     assert not list(Path(spec.tracking.store, "mlflow-pending").rglob("*.json"))
     assert manifest_of(summary)["summary"]["mlflow_parent_run_id"]
+
+
+def test_runs_one_after_another_are_recorded_by_one_recorder(workspace, prefect_harness, recorder_api):  # noqa: F811
+    import fcntl
+
+    from core.paths import cache_home
+    from flows.launch import RunOptions, launch
+    from schemas.spec import parse_spec
+
+    cache_home().mkdir(parents=True, exist_ok=True)
+    with ScriptedServer(answer=answer_from_context) as server, open(cache_home() / "recorder.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a recorder still recording an earlier run: both runs queue behind it
+        summaries = []
+        for name in ("first", "second"):
+            raw = make_spec(workspace, server.base_url, readers=("concatenation",))
+            raw["name"], raw["tracking"]["store"] = name, str(workspace / name)
+            spec = parse_spec(raw)
+            summaries.append(launch(spec, RunOptions(spec.tracking.store, record_after=True), RecordingHost()))
+        assert all(manifest_of(s)["summary"]["flow_run_id"] is None for s in summaries)
+    pids = [s["recorder_pid"] for s in summaries]
+    while all(_alive(pid) for pid in pids):  # the first recorder to take the lock records both runs
+        time.sleep(0.2)
+    for summary in summaries:
+        record = manifest_of(summary)["summary"]
+        assert record["flow_run_id"] and record["mlflow_parent_run_id"]
+    for pid in pids:
+        waited_for(pid, timeout_s=30)  # the other finds its recording done
+    assert not list((cache_home() / "recordings").glob("*.json"))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return os.waitpid(pid, os.WNOHANG) == (0, 0)
+    except ChildProcessError:
+        return False
 
 
 @pytest.mark.integration
