@@ -8,7 +8,9 @@ The plan holds every key and dependency; the flow only submits, collects and rec
 
 from __future__ import annotations
 
-from dataclasses import asdict, replace
+from collections.abc import Callable
+from contextvars import ContextVar
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -95,20 +97,53 @@ def log_pending_to_mlflow(store_root: str, tracking_uri: str) -> list[str]:
     return [e["execution"] for e in sync(store_root, tracking_uri, only_uri=tracking_uri).logged]
 
 
+def record_in_prefect(spec: ExperimentSpec, store_root: str, manifest: str, give_way: Callable[[], None]) -> list[str]:
+    """`recorded_flow`, calling `give_way` before each task it submits and before each later step: the recorder's
+    (ragledger/recorder.py), which waits there while runs work. Not one of the flow's parameters: Prefect records
+    those."""
+    token = _give_way.set(give_way)
+    try:
+        return recorded_flow(spec, store_root, manifest)
+    finally:
+        _give_way.reset(token)
+
+
+_give_way: ContextVar[Callable[[], None]] = ContextVar("give_way", default=lambda: None)
+
+
 @flow(name="ragledger-experiment", version=FLOW_VERSION)
 def recorded_flow(spec: ExperimentSpec, store_root: str, manifest: str) -> list[str]:
     """The flow run of a run made without Prefect (flows/direct.py), recorded after it (ragledger/recorder.py): the
     same plan's stage tasks, each answered by the result the store keeps under its key (a task whose result is gone
     runs, as in any flow), then its recall curve drawn, the execution's MLflow logging, with this flow run and the
     recall curve noted on its manifest, and the experiment's segments compacted."""
+    give_way = _give_way.get()
+    tasks = StageTasks(**{name: _GivingWay(task, give_way) for name, task in STAGE_TASKS.items()})
     the_plan, run, questions = plan_run(spec, store_root)
     accounting = Accounting(run.run_token)
-    done = execute(the_plan, questions, run, None, accounting, StageClock(), PREFECT_TASKS, persisted_or_kept)
+    done = execute(the_plan, questions, run, None, accounting, StageClock(), tasks, persisted_or_kept)
+    give_way()
     note_recording(store_root, Path(manifest), flow_run_ids(), recall_curve_files(done.execution))
     logged = log_pending_to_mlflow(store_root, resolve_tracking_uri(spec.tracking.mlflow_uri))
     if spec.tracking.compact:  # left by the run (flows/direct.py): its segments become one pack per kind
+        give_way()
         compact_experiment(EventStore(store_root), spec.name)
     return logged
+
+
+@dataclass(frozen=True)
+class _GivingWay:
+    """A stage task (flows/executor.py `StageTasks`) submitted once `give_way` returns."""
+
+    task: Any
+    give_way: Callable[[], None]
+
+    def submit(self, **params: Any) -> Any:
+        self.give_way()
+        return self.task.submit(**params)
+
+    def with_options(self, **options: Any) -> _GivingWay:
+        return _GivingWay(self.task.with_options(**options), self.give_way)
 
 
 def run_experiment(spec: ExperimentSpec | dict, store_root: str, base_url: str | None = None, tracking_uri: str | None = None,

@@ -1,7 +1,7 @@
 """The recorder of runs made without Prefect's flow (flows/direct.py): a process of its own, started once a run's
 table is printed, that records the run in Prefect and MLflow.
 
-It runs the experiment's Prefect flow over the same plan (flows/execute.py `recorded_flow`): every stage task is
+It runs the experiment's Prefect flow over the same plan (flows/execute.py `record_in_prefect`): every stage task is
 answered by the result the store keeps under its key, so Prefect holds the flow run and its task runs as a run in
 the flow would have left them; then it notes the flow run on the execution's manifest and logs the execution to
 MLflow from the manifest (tracking/mlflow/sync.py, exactly once). Killed or failed, it leaves the execution's
@@ -16,7 +16,8 @@ file under `<cache home>/recordings/`, and starts a recorder; the recorder that 
 process, with one temporary Prefect server, and the recorders waiting behind it find their recordings done and end.
 A recording is removed from the queue once recorded, so a killed recorder's is recorded by the next. Every run of this
 machine holds a shared lock on `<cache home>/active-runs.lock` while it works (`run_active`); a recorder begins each
-recording only once no run has held it for QUIET_S seconds, at the lowest CPU priority.
+recording only once no run has held it for QUIET_S seconds, at the lowest CPU priority, and waits again at each of
+its steps while a run works.
 """
 
 from __future__ import annotations
@@ -69,6 +70,13 @@ def _wait_for_quiet() -> None:
         time.sleep(0.25)
         if _runs_active():
             quiet_since = time.monotonic()
+
+
+def _give_way_to_runs() -> None:
+    """At a recording's steps (each stage task it submits, its logging, its compaction): at once when no run works,
+    else once runs have been quiet for QUIET_S. The steps in flight go on; none holds what a run waits for."""
+    if _runs_active():
+        _wait_for_quiet()
 
 
 RECORDINGS = "recordings"  # the queue, under the cache home
@@ -191,9 +199,9 @@ def _record_flow_run(store_root: str, manifest: str, spec_json: str, prefect: _P
     spec = ExperimentSpec.model_validate_json(spec_json)
     try:
         prefect.enter()
-        from flows.execute import recorded_flow
+        from flows.execute import record_in_prefect
 
-        recorded_flow(spec, store_root, manifest)
+        record_in_prefect(spec, store_root, manifest, give_way=_give_way_to_runs)
     except Exception:
         log.exception("the run's Prefect flow run was not recorded")
 

@@ -146,6 +146,26 @@ def test_runs_one_after_another_are_recorded_by_one_recorder(workspace, prefect_
     assert not list((cache_home() / "recordings").glob("*.json"))
 
 
+def test_a_recording_gives_way_to_runs_before_each_task_and_each_later_step(workspace, prefect_harness):  # noqa: F811
+    from flows.execute import record_in_prefect
+    from flows.launch import RunOptions, launch
+    from schemas.spec import parse_spec
+
+    class NoRecorder(RecordingHost):
+        def start_recorder(self, *args) -> int:
+            return -1  # recorded below, in this process
+
+    with ScriptedServer(answer=answer_from_context) as server:
+        spec = parse_spec(make_spec(workspace, server.base_url, readers=("concatenation",)))
+        summary = launch(spec, RunOptions(spec.tracking.store, record_after=True), NoRecorder())
+    assert summary["recorder_pid"] == -1
+    asked = []
+    record_in_prefect(spec, spec.tracking.store, summary["manifest"], give_way=lambda: asked.append(1))
+    assert len(asked) == summary["tasks_total"] + 2  # each stage task, then the logging and the compaction
+    record = manifest_of(summary)["summary"]
+    assert record["flow_run_id"] and record["mlflow_parent_run_id"]
+
+
 def _alive(pid: int) -> bool:
     try:
         return os.waitpid(pid, os.WNOHANG) == (0, 0)
