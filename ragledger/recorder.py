@@ -116,10 +116,11 @@ def record(queued: str) -> None:
     _yield_the_cores()
     with open(_lock_file("recorder.lock"), "a") as one_at_a_time:
         fcntl.flock(one_at_a_time, fcntl.LOCK_EX)
-        if not Path(queued).exists():
+        here = _here()
+        if not Path(queued).exists() or here is None:  # recorded already; or its directory gone, nothing to record
             return
         with _PrefectApi() as prefect:
-            while jobs := _queued_here():
+            while jobs := _queued_here(here):
                 for path, job in jobs:
                     _wait_for_quiet()
                     try:
@@ -129,8 +130,17 @@ def record(queued: str) -> None:
                     path.unlink(missing_ok=True)
 
 
-def _queued_here() -> list[tuple[Path, dict]]:
-    """The recordings queued from this working directory, oldest first; a stale or unreadable one is dropped."""
+def _here() -> str | None:
+    """This process's working directory, or None once it is deleted."""
+    try:
+        return os.getcwd()
+    except FileNotFoundError:
+        return None
+
+
+def _queued_here(here: str) -> list[tuple[Path, dict]]:
+    """The recordings queued from the working directory `here`, oldest first; one stale, unreadable or with nothing
+    left to record (of any directory) is dropped."""
     jobs = []
     for path in sorted(_lock_file(RECORDINGS).glob("*.json"), key=lambda p: int(p.stem.split("-")[0])):
         try:
@@ -140,18 +150,20 @@ def _queued_here() -> list[tuple[Path, dict]]:
             job, stale = None, True
         if stale or not isinstance(job, dict) or _gone(job):
             path.unlink(missing_ok=True)
-        elif job.get("cwd") == os.getcwd():
+        elif job.get("cwd") == here:
             jobs.append((path, job))
     return jobs
 
 
 def _gone(job: dict) -> bool:
-    """A recording whose store folder, or manifest in it, no longer exists: nothing to record (a store at a URL is
-    asked by the recording itself)."""
-    store, manifest = str(job.get("store_root", "")), job.get("manifest")
+    """A recording whose directory, store folder or manifest no longer exists: nothing to record (a store at a URL
+    is asked by the recording itself). Paths are the run's, relative to its working directory."""
+    cwd, store, manifest = Path(str(job.get("cwd", ""))), str(job.get("store_root", "")), job.get("manifest")
+    if not cwd.is_dir():
+        return True
     if "://" in store:
         return False
-    return not Path(store).exists() or (manifest is not None and not Path(manifest).exists())
+    return not (cwd / store).exists() or (manifest is not None and not (cwd / manifest).exists())
 
 
 class _PrefectApi(contextlib.ExitStack):

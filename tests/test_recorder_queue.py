@@ -4,7 +4,6 @@ and drops those with nothing left to record (their store or manifest gone) or un
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from ragledger import recorder
@@ -19,9 +18,9 @@ def queue(home: Path, name: str, job: dict | str) -> Path:
 
 def test_a_recorder_takes_its_directorys_recordings_oldest_first_and_drops_what_is_gone(tmp_path, monkeypatch):
     home, here, elsewhere = tmp_path / "home", tmp_path / "here", tmp_path / "elsewhere"
-    for d in (here, elsewhere):
-        (d / "store" / "runs").mkdir(parents=True)
-        (d / "store" / "runs" / "m.json").write_text("{}")
+    for d, store in ((here, "store"), (elsewhere, "its-store")):
+        (d / store / "runs").mkdir(parents=True)
+        (d / store / "runs" / "m.json").write_text("{}")
     monkeypatch.setenv("RAGLEDGER_HOME", str(home))
     monkeypatch.chdir(here)
 
@@ -31,11 +30,11 @@ def test_a_recorder_takes_its_directorys_recordings_oldest_first_and_drops_what_
 
     second = queue(home, "20-1", job(here))
     first = queue(home, "3-1", job(here, manifest=None))  # a logging only, queued earlier (ordered by time, not text)
-    other = queue(home, "1-1", job(elsewhere))  # another directory's: its own recorder's
+    other = queue(home, "1-1", job(elsewhere, "its-store", "its-store/runs/m.json"))  # its own recorder's
     gone = [queue(home, "4-1", job(here, store="no-store")), queue(home, "5-1", job(here, manifest="store/runs/x.json")),
             queue(home, "6-1", "{not json")]
     at_a_url = queue(home, "7-1", job(here, store="s3://bucket/store", manifest="s3-mirror/runs/m.json"))
+    gone.append(queue(home, "8-1", job(tmp_path / "deleted")))  # a directory removed since (a test's, say)
 
-    assert [path for path, _ in recorder._queued_here()] == [first, at_a_url, second]
-    assert not any(p.exists() for p in gone) and other.exists()
-    assert os.getcwd() == str(here)
+    assert [path for path, _ in recorder._queued_here(str(here))] == [first, at_a_url, second]
+    assert not any(p.exists() for p in gone) and other.exists()  # the other directory's store is not looked for here
