@@ -351,8 +351,12 @@ def test_an_endpoint_allowing_many_requests_in_flight_spreads_them_over_processe
         async def many(n: int, tag: str):
             return await asyncio.gather(*(c.complete(req(prompt=f"{tag}{i}")) for i in range(n)))
 
-        # two calls at once start both processes (the second goes to the one with fewer outstanding): the burst
-        # below then cannot finish on the first before the second has started, however slow a start is
+        async def both_started():
+            await call_processes.call_processes_of(asyncio.get_running_loop()).start(2)
+
+        # both processes up before the burst (calls go to a process that has answered while it has room, so two
+        # calls would both go to the first): the burst below then cannot finish on the first before the second is up
+        run_on_engine(both_started())
         assert [a.text for a in run_on_engine(many(2, "w"))] == ["W0", "W1"]
         answers = run_on_engine(many(400, "q"))
         assert [a.text for a in answers] == [f"Q{i}" for i in range(400)]
