@@ -142,7 +142,8 @@ def _queued_here(here: str) -> list[tuple[Path, dict]]:
     """The recordings queued from the working directory `here`, oldest first; one stale, unreadable or with nothing
     left to record (of any directory) is dropped."""
     jobs = []
-    for path in sorted(_lock_file(RECORDINGS).glob("*.json"), key=lambda p: int(p.stem.split("-")[0])):
+    # <time_ns>-<pid>.json: not a recording being written (core/atomic.py, `.tmp-...`)
+    for path in sorted(_lock_file(RECORDINGS).glob("[0-9]*-[0-9]*.json"), key=lambda p: int(p.stem.split("-")[0])):
         try:
             job = json.loads(path.read_text(encoding="utf-8"))
             stale = time.time() - path.stat().st_mtime > STALE_AFTER_S

@@ -35,6 +35,8 @@ def test_a_recorder_takes_its_directorys_recordings_oldest_first_and_drops_what_
             queue(home, "6-1", "{not json")]
     at_a_url = queue(home, "7-1", job(here, store="s3://bucket/store", manifest="s3-mirror/runs/m.json"))
     gone.append(queue(home, "8-1", job(tmp_path / "deleted")))  # a directory removed since (a test's, say)
+    being_written = queue(home, ".tmp-1-ab", job(here))  # core/atomic.py's temporary name: not a recording yet
 
     assert [path for path, _ in recorder._queued_here(str(here))] == [first, at_a_url, second]
     assert not any(p.exists() for p in gone) and other.exists()  # the other directory's store is not looked for here
+    assert being_written.exists()
