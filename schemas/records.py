@@ -235,7 +235,8 @@ class _String(pandas_engine.STRING):
     """pandera's string dtype, answering a column of exactly that dtype with one True. pandera's own answers it with
     an array of Trues, which its dtype check takes for element-wise results: it then selects the failing rows (none),
     shapes them into a failure-case frame and formats that frame into a message, for every string column of every
-    batch: ~40% of the validation of a batch of retrievals. Any other column dtype is answered as pandera does."""
+    batch: more than half of a run's validation (docs/performance.md, "Small costs behind the code"). Any other
+    column dtype is answered as pandera does."""
 
     def check(self, pandera_dtype, data_container=None):  # type: ignore[override]
         try:
