@@ -38,7 +38,8 @@ log = logging.getLogger(__name__)
 QUIET_S = 3.0  # a recorder begins once no run has been working for this long
 
 
-def _lock_file(name: str) -> Path:
+def _in_cache_home(name: str) -> Path:
+    """A lock file or the recordings folder of this machine, its cache home made if need be."""
     from core.paths import cache_home
 
     path = cache_home() / name
@@ -49,13 +50,13 @@ def _lock_file(name: str) -> Path:
 @contextlib.contextmanager
 def run_active() -> Iterator[None]:
     """Held while a run works: recorders wait (the lock is the kernel's, released when the process ends however)."""
-    with open(_lock_file("active-runs.lock"), "a") as lock:
+    with open(_in_cache_home("active-runs.lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_SH)
         yield
 
 
 def _runs_active() -> bool:
-    with open(_lock_file("active-runs.lock"), "a") as lock:
+    with open(_in_cache_home("active-runs.lock"), "a") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released at once, with the file
         except BlockingIOError:
@@ -93,7 +94,7 @@ def start_recorder(store_root: str, tracking_uri: str, manifest: str | None = No
 
     job = {"store_root": store_root, "tracking_uri": tracking_uri, "manifest": manifest, "spec_json": spec_json,
            "cwd": os.getcwd()}
-    queued = _lock_file(RECORDINGS) / f"{time.time_ns()}-{os.getpid()}.json"
+    queued = _in_cache_home(RECORDINGS) / f"{time.time_ns()}-{os.getpid()}.json"
     queued.parent.mkdir(exist_ok=True)
     atomic_write_text(queued, json.dumps(job))
     path = runlog.current()
@@ -114,7 +115,7 @@ def record(queued: str) -> None:
     """Once this recorder holds the recorder lock: unless another recorder has recorded `queued` meanwhile, every
     recording queued from this working directory, oldest first, each begun once runs are quiet."""
     _yield_the_cores()
-    with open(_lock_file("recorder.lock"), "a") as one_at_a_time:
+    with open(_in_cache_home("recorder.lock"), "a") as one_at_a_time:
         fcntl.flock(one_at_a_time, fcntl.LOCK_EX)
         here = _here()
         if not Path(queued).exists() or here is None:  # recorded already; or its directory gone, nothing to record
@@ -143,7 +144,7 @@ def _queued_here(here: str) -> list[tuple[Path, dict]]:
     left to record (of any directory) is dropped."""
     jobs = []
     # <time_ns>-<pid>.json: not a recording being written (core/atomic.py, `.tmp-...`)
-    for path in sorted(_lock_file(RECORDINGS).glob("[0-9]*-[0-9]*.json"), key=lambda p: int(p.stem.split("-")[0])):
+    for path in sorted(_in_cache_home(RECORDINGS).glob("[0-9]*-[0-9]*.json"), key=lambda p: int(p.stem.split("-")[0])):
         try:
             job = json.loads(path.read_text(encoding="utf-8"))
             stale = time.time() - path.stat().st_mtime > STALE_AFTER_S
