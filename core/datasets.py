@@ -197,6 +197,28 @@ def load_questions(name: str, path: str) -> list[Question]:
     """Load a dataset by format name; ids must be unique. A file is parsed once per process while its size and
     modification time stay the same (parsing SQuAD dev is ~0.3 s, a fixed cost of every cached rerun in a
     long-lived process: a schedule server, a sweep, a benchmark); callers get their own copies."""
+    return _copies(_parsed_once(name, path))
+
+
+def check_questions(name: str, path: str) -> None:
+    """Raise the DatasetError `load_questions` would raise; copies nothing (a run's checks, before its sample)."""
+    _parsed_once(name, path)
+
+
+def load_sample(name: str, path: str, limit: int | None, seed: int) -> list[Question]:
+    """`sample_questions` of the dataset, only the sampled questions copied (a 20-question run of SQuAD dev copies
+    20 questions, not 10,570)."""
+    return _copies(sample_questions(_parsed_once(name, path), limit, seed))
+
+
+def _copies(questions: list[Question]) -> list[Question]:
+    # shallow copies through the constructor, every field included: an order of magnitude faster than copy.copy, on
+    # the way to the first model call of a run (docs/performance.md, "Small costs behind the code")
+    return [replace(q) for q in questions]
+
+
+def _parsed_once(name: str, path: str) -> list[Question]:
+    """The file's questions as parsed once in this process (shared: callers copy what they hand out)."""
     p = resolve_data_path(path)
     if not p.is_file():
         return _parse_questions(name, p)  # raises the loaders' file-not-found message
@@ -205,9 +227,7 @@ def load_questions(name: str, path: str) -> list[Question]:
         if len(_loaded) >= 8:
             _loaded.pop(next(iter(_loaded)))
         _loaded[key] = _kept_questions(key) or _keep_questions(key, _parse_questions(name, p))
-    # shallow copies through the constructor, every field included: an order of magnitude faster than copy.copy, on
-    # the way to the first model call of a run (docs/performance.md, "Small costs behind the code")
-    return [replace(q) for q in _loaded[key]]
+    return _loaded[key]
 
 
 KEPT_QUESTIONS_VERSION = "1"  # bumped when Question's fields change: files kept before are then parsed again

@@ -198,7 +198,7 @@ def preflight(spec: AnySpec, say: Callable[[str], None] | None = None) -> None:
     from whatever is shown: core/secrets.py), every dataset of a sweep, the MLflow URI the run would use."""
     import os
 
-    from core.datasets import DatasetError, load_questions
+    from core.datasets import DatasetError, check_questions
     from core.secrets import mark_secret_env, refuse_credentials
     from schemas.spec import SweepSpec
     from strategies.retrievers import parse_retriever
@@ -215,7 +215,7 @@ def preflight(spec: AnySpec, say: Callable[[str], None] | None = None) -> None:
         bundled_model(spec.model.embedded_model)  # a former name is told the current one (ModelFetchError)
     for i, experiment in enumerate(spec.expand()):
         try:
-            load_questions(experiment.dataset.name, experiment.dataset.path)
+            check_questions(experiment.dataset.name, experiment.dataset.path)
         except DatasetError as exc:
             where = f"dataset[{i}]" if isinstance(spec, SweepSpec) else "dataset"
             raise DatasetError(f"{where}.path: {exc}") from None

@@ -45,9 +45,9 @@ class DatasetSpec(_Strict):
 
     def sampled_questions(self) -> list:
         """The questions a run uses: the dataset loaded, then its seeded sample of `limit` (core/datasets.py)."""
-        from core.datasets import load_questions, sample_questions
+        from core.datasets import load_sample
 
-        return sample_questions(load_questions(self.name, self.path), self.limit, self.seed)
+        return load_sample(self.name, self.path, self.limit, self.seed)
 
 
 LABEL_PATTERN = r"^[A-Za-z0-9_.\-]+$"

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from core.datasets import DatasetError, iter_corpus, load_questions, sample_questions
+from core.datasets import DatasetError, check_questions, iter_corpus, load_questions, load_sample, sample_questions
 
 
 @pytest.mark.parametrize(
@@ -42,6 +42,22 @@ def test_sampling_is_seeded_and_stable(data_dir):
     a = [q.qid for q in sample_questions(qs, 20, seed=1)]
     assert a == [q.qid for q in sample_questions(list(reversed(qs)), 20, seed=1)]
     assert a != [q.qid for q in sample_questions(qs, 20, seed=2)]
+
+
+def test_a_sample_is_the_seeded_sample_of_the_loaded_file_and_the_callers_own(data_dir):
+    a = load_sample("squad", "squad/dev-v1.1.json.gz", 20, 1)
+    assert [q.qid for q in a] == [q.qid for q in sample_questions(load_questions("squad", "squad/dev-v1.1.json.gz"), 20, 1)]
+    a[0].qid = "changed"
+    assert load_sample("squad", "squad/dev-v1.1.json.gz", 20, 1)[0].qid != "changed"
+
+
+def test_checking_a_dataset_raises_what_loading_it_raises(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "q?", "answers": []}\n')
+    with pytest.raises(DatasetError, match="row 1: field 'answers' has no answers"):
+        check_questions("nq-open", str(bad))
+    with pytest.raises(DatasetError, match="file not found"):
+        check_questions("nq-open", str(tmp_path / "missing.jsonl"))
 
 
 def write_jsonl(path, rows, raw_lines=()):
