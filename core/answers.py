@@ -14,13 +14,16 @@ from collections import Counter
 from collections.abc import Iterable
 
 _PUNCT = set(string.punctuation)
-_DROP_PUNCT = str.maketrans("", "", string.punctuation)  # same characters as _PUNCT, in one C-level pass
-_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCT_BYTES = string.punctuation.encode()
+_ARTICLES = re.compile(r"\b(?:the|an?)\b")  # the official r"\b(a|an|the)\b": the same whole words
 
 
 def normalize_answer(text: str) -> str:
     """Lower text and remove punctuation, articles and extra whitespace (SQuAD v1.1)."""
-    text = text.lower().translate(_DROP_PUNCT)
+    # the ASCII punctuation deleted from the UTF-8 bytes: no ASCII byte occurs inside a multi-byte character, so this
+    # is the official per-character deletion, twice as fast as str.translate on a passage with any non-ASCII letter
+    # (evaluation normalizes every retrieved passage; tests/test_answers.py holds it to the official wording)
+    text = text.lower().encode("utf-8", "surrogatepass").translate(None, _PUNCT_BYTES).decode("utf-8", "surrogatepass")
     text = _ARTICLES.sub(" ", text)
     return " ".join(text.split())
 

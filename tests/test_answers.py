@@ -19,6 +19,38 @@ def test_normalize_matches_squad_v11(raw, norm):
     assert normalize_answer(raw) == norm
 
 
+def official_normalize_answer(s: str) -> str:
+    """normalize_answer of the official SQuAD v1.1 evaluate-v1.1.py, as written there."""
+    import re
+    import string
+
+    def remove_articles(text):
+        return re.sub(r"\b(a|an|the)\b", " ", text)
+
+    def white_space_fix(text):
+        return " ".join(text.split())
+
+    def remove_punc(text):
+        exclude = set(string.punctuation)
+        return "".join(ch for ch in text if ch not in exclude)
+
+    def lower(text):
+        return text.lower()
+
+    return white_space_fix(remove_articles(remove_punc(lower(s))))
+
+
+def test_normalize_equals_the_official_script_on_squad_paragraphs_and_odd_text(data_dir):
+    import gzip
+    import json
+
+    with gzip.open(data_dir / "squad" / "dev-v1.1.json.gz", "rt", encoding="utf-8") as fh:
+        texts = [p["context"] for a in json.load(fh)["data"] for p in a["paragraphs"]]
+    texts += ["the’s an a\tb\x01the\x01c", "Ünïcode THE straße An", "a_the the_a the.", "x\u00a0the\u00a0y",
+              "the\u2028a", "1the 2an", "a-the", "\x0bthe\x0c", "lone \ud800 surrogate, the end", "İstanbul the"]
+    assert [normalize_answer(t) for t in texts] == [official_normalize_answer(t) for t in texts]
+
+
 def test_em_is_max_over_golds():
     assert em_score("denver broncos", ["Carolina Panthers", "The Denver Broncos"]) == 1.0
     assert em_score("Broncos", ["Denver Broncos"]) == 0.0
