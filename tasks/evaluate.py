@@ -82,8 +82,11 @@ def outcome_rows(
     passages = passages_by_question(retrievals)
     narrowed = narrowed_contexts(passages, generations, final_context)
     contexts = {qid: normalized_passages(t for _, t in ps) for qid, ps in passages.items()}
-    usage = generations.groupby("qid")[["tokens_in", "tokens_out"]].sum() if not generations.empty else None
-    calls = generations.groupby("qid").size() if not generations.empty else None
+    # per question, as dicts: a pandas .loc lookup per row cost more than the rest of a row's scoring
+    by_question = generations.groupby("qid") if not generations.empty else None
+    tokens_in = by_question["tokens_in"].sum().to_dict() if by_question is not None else {}
+    tokens_out = by_question["tokens_out"].sum().to_dict() if by_question is not None else {}
+    calls = by_question.size().to_dict() if by_question is not None else {}
     votes = votes[votes["qid"].isin(answers)]
     sims = semantic_matches(votes, answers) if semantic and len(votes) else None
     rows = []
@@ -116,9 +119,9 @@ def outcome_rows(
                 "pool_has_correct": pool_has_correct(v.candidates, pred, golds),
                 "gold_in_feedback": gic if v.qid in feedback else None,
                 "error_type": error_type(em == 1.0, unknown, gic, (not unknown) and contains_token_sequence(context, pred)),
-                "tokens_in": int(usage.loc[v.qid, "tokens_in"]) if usage is not None and v.qid in usage.index else 0,
-                "tokens_out": int(usage.loc[v.qid, "tokens_out"]) if usage is not None and v.qid in usage.index else 0,
-                "llm_calls": int(calls.loc[v.qid]) if calls is not None and v.qid in calls.index else 0,
+                "tokens_in": int(tokens_in.get(v.qid, 0)),
+                "tokens_out": int(tokens_out.get(v.qid, 0)),
+                "llm_calls": int(calls.get(v.qid, 0)),
             }
         )
     return rows
