@@ -51,11 +51,11 @@ def semantic_matches(votes: pd.DataFrame, answers: dict[str, list[str]]) -> list
     """Per vote, whether its prediction is semantically close to a gold answer (engines/semantic.py)."""
     from engines.semantic import SEMANTIC_THRESHOLD, max_similarity
 
-    predictions = [v.chosen for v in votes.itertuples()]
+    predictions, qids = votes["chosen"].tolist(), votes["qid"].tolist()
     # only a wrong, non-abstaining prediction needs an embedding: EM decides the rest (and costs nothing)
-    need = [i for i, v in enumerate(votes.itertuples())
-            if not is_unknown(v.chosen) and em_score(v.chosen, answers[v.qid]) < 1.0]
-    close = max_similarity([predictions[i] for i in need], [answers[votes.iloc[i].qid] for i in need])
+    need = [i for i, (p, q) in enumerate(zip(predictions, qids, strict=True))
+            if not is_unknown(p) and em_score(p, answers[q]) < 1.0]
+    close = max_similarity([predictions[i] for i in need], [answers[qids[i]] for i in need])
     sims = [False] * len(predictions)
     for i, s in zip(need, close, strict=True):
         sims[i] = s >= SEMANTIC_THRESHOLD

@@ -742,6 +742,24 @@ def test_reader_entries_accept_names_and_settings():
 
 # ---- %NM (seed 001): over all questions; a single answer is a one-answer pool -------------------------
 
+def test_the_semantic_match_embeds_only_wrong_answers_and_holds_them_to_the_threshold(monkeypatch):
+    """EM decides a correct answer and an abstention never matches, with no embedding; a wrong answer matches when
+    its cosine to a gold answer (the real encoder) reaches SEMANTIC_THRESHOLD."""
+    import engines.semantic as semantic
+    from tasks.evaluate import semantic_matches
+
+    votes = pd.DataFrame({"qid": ["q1", "q2", "q3", "q4"],
+                          "chosen": ["Denver Broncos", "unknown", "the Broncos from Denver", "photosynthesis"]})
+    answers = {"q1": ["Denver Broncos"], "q2": ["Carolina Panthers"], "q3": ["Denver Broncos", "Broncos"],
+               "q4": ["Denver Broncos"]}
+    real, asked = semantic.max_similarity, []
+    monkeypatch.setattr(semantic, "max_similarity", lambda p, g: asked.append((p, g)) or real(p, g))
+    close, far = real(["the Broncos from Denver", "photosynthesis"], [answers["q3"], answers["q4"]])
+    assert far < semantic.SEMANTIC_THRESHOLD
+    assert semantic_matches(votes, answers) == [False, False, close >= semantic.SEMANTIC_THRESHOLD, False]
+    assert asked == [(["the Broncos from Denver", "photosynthesis"], [answers["q3"], answers["q4"]])]
+
+
 def test_nm_is_a_rate_over_all_questions_and_a_single_answer_is_a_one_answer_pool():
     from tasks.evaluate import outcome_rows
     from tracking.analysis.metrics import cell_metrics
