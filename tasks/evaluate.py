@@ -82,11 +82,7 @@ def outcome_rows(
     passages = passages_by_question(retrievals)
     narrowed = narrowed_contexts(passages, generations, final_context)
     contexts = {qid: normalized_passages(t for _, t in ps) for qid, ps in passages.items()}
-    # per question, as dicts: a pandas .loc lookup per row cost more than the rest of a row's scoring
-    by_question = generations.groupby("qid") if not generations.empty else None
-    tokens_in = by_question["tokens_in"].sum().to_dict() if by_question is not None else {}
-    tokens_out = by_question["tokens_out"].sum().to_dict() if by_question is not None else {}
-    calls = by_question.size().to_dict() if by_question is not None else {}
+    tokens_in, tokens_out, calls = usage_by_question(generations)
     votes = votes[votes["qid"].isin(answers)]
     sims = semantic_matches(votes, answers) if semantic and len(votes) else None
     rows = []
@@ -125,6 +121,16 @@ def outcome_rows(
             }
         )
     return rows
+
+
+def usage_by_question(generations: pd.DataFrame) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+    """qid -> tokens in, tokens out, calls; as dicts: a pandas .loc lookup per question cost more than the rest of its
+    scoring (docs/performance.md, "Small costs behind the code")."""
+    if generations.empty:
+        return {}, {}, {}
+    by_question = generations.groupby("qid")
+    return (by_question["tokens_in"].sum().to_dict(), by_question["tokens_out"].sum().to_dict(),
+            by_question.size().to_dict())
 
 
 def embed_gold_answers(questions: pd.DataFrame) -> None:
