@@ -58,3 +58,32 @@ def test_a_string_column_is_checked_without_failure_cases_and_validates_as_pande
     pd.testing.assert_frame_equal(schema_of("retrievals").validate(mixed), own.validate(mixed))
     with pytest.raises(RecordValidationError, match="event_id"):
         validate_records("retrievals", df.assign(event_id=["short", "x" * 32, "y" * 32]))
+
+
+def test_a_batch_of_the_schemas_dtypes_is_validated_without_coercion_and_gives_what_coercion_gives():
+    import pandas as pd
+    import pytest
+    from pandera.backends.pandas.container import DataFrameSchemaBackend
+
+    from schemas.records import schema_of, validate_records
+    from tracking.store.events import new_events
+
+    rows = [{"event_id": f"{i:032d}", "cell": "bm25@1", "qid": f"q{i}", "retriever": "bm25@1", "rank": 1, "pid": "p",
+             "score": 1.0, "title": "t", "text": "x", "text_hash": "0" * 32} for i in range(3)]
+    ready = new_events("retrievals", "exp", rows)  # as a stage makes it: every column of its schema's dtype
+    needs_coercion = ready.assign(rank=ready["rank"].astype("int32"))
+    coerced = []
+    original = DataFrameSchemaBackend._coerce_dtype_helper
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(DataFrameSchemaBackend, "_coerce_dtype_helper",
+                   lambda self, obj, schema: coerced.append(len(obj)) or original(self, obj, schema))
+        fast = validate_records("retrievals", ready)
+        assert coerced == []
+        slow = validate_records("retrievals", needs_coercion)
+        assert coerced == [3]
+    pd.testing.assert_frame_equal(fast, schema_of("retrievals").validate(ready), check_exact=True)
+    assert slow["rank"].dtype == "int64"
+    pd.testing.assert_frame_equal(slow, fast, check_exact=True)
+    # a failing check still fails on the way without coercion
+    with pytest.raises(RecordValidationError, match="rank"):
+        validate_records("retrievals", ready.assign(rank=[1, 0, 2]))
