@@ -13,7 +13,6 @@ import string
 from collections import Counter
 from collections.abc import Iterable
 
-_PUNCT = set(string.punctuation)
 _PUNCT_BYTES = string.punctuation.encode()
 _ARTICLES = re.compile(r"\b(?:the|an?)\b")  # the official r"\b(a|an|the)\b": the same whole words
 
