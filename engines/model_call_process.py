@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import os
 import pickle
+import signal
 import struct
 import sys
 from typing import Any
@@ -116,6 +117,9 @@ async def serve(reader: asyncio.StreamReader, write) -> None:
 
 
 def main() -> None:
+    # a Ctrl-C at the terminal reaches the run's whole process group: the run decides what it means, and this
+    # process ends when the run closes its stdin or dies (the parent-death signal), without a traceback of its own
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # the answers go to the parent on the original stdout; anything else printed (a library's warning) goes to
     # stderr, so it can never corrupt a frame
     out = os.fdopen(os.dup(sys.stdout.fileno()), "wb", buffering=0)

@@ -26,33 +26,42 @@ EXPERIMENT_FLOWS = ["ragledger-experiment", "ragledger-sweep", "ragledger-schedu
 def server_start(port: Annotated[int, typer.Option(help="port")] = 4200,
                  host: Annotated[str, typer.Option(help="address to bind; beyond 127.0.0.1 it needs "
                                                         "PREFECT_SERVER_API_AUTH_STRING")] = "127.0.0.1") -> None:
-    """Start the local Prefect server in the background (idempotent); `ragledger run` then uses it."""
+    """Start the local Prefect server and the warm runner in the background (idempotent); `ragledger run` in this
+    directory then uses both (ragledger/warm_runner.py)."""
     from core.exposure import ExposureError
+    from ragledger import warm_runner
     from ragledger.prefect_env import configure_prefect_home
-    from ragledger.prefect_server import PrefectServerError, start_persistent_server
+    from ragledger.prefect_server import PrefectServerError, prefect_home, start_persistent_server
 
     configure_prefect_home(Path.cwd())
     try:
         url, started = start_persistent_server(port, host)
-    except (PrefectServerError, ExposureError) as exc:
+        pid, runner_started = warm_runner.start(Path.cwd(), prefect_home() / "ragledger-runner.log")
+    except (PrefectServerError, ExposureError, warm_runner.WarmRunnerError) as exc:
         fail(str(exc))
     console.print(f"Prefect server {'started' if started else 'already running'}: {url} "
                          f"(UI at {url.removesuffix('/api')}; stop with `ragledger server stop`)")
+    console.print(f"warm runner {'started' if runner_started else 'already running'} (pid {pid}): `ragledger run` "
+                  "here starts with its imports done")
 
 
 @server_app.command("stop")
 def server_stop() -> None:
-    """Stop the local Prefect server started by `ragledger server start`."""
+    """Stop the local Prefect server and the warm runner started by `ragledger server start` (runs under way go on)."""
+    from ragledger import warm_runner
     from ragledger.prefect_env import configure_prefect_home
     from ragledger.prefect_server import stop_persistent_server
 
     configure_prefect_home(Path.cwd())
     console.print("Prefect server stopped" if stop_persistent_server() else "no ragledger Prefect server was running")
+    if warm_runner.stop():
+        console.print("warm runner stopped")
 
 
 @server_app.command("status")
 def server_status() -> None:
-    """Say whether the local Prefect server runs, and where."""
+    """Say whether the local Prefect server runs, and where, and whether the warm runner does."""
+    from ragledger import warm_runner
     from ragledger.prefect_env import configure_prefect_home
     from ragledger.prefect_server import persistent_server_url
 
@@ -60,6 +69,8 @@ def server_status() -> None:
     url = os.environ.get("PREFECT_API_URL") or persistent_server_url()
     console.print(f"Prefect API: {url}" if url else "no Prefect server running (each `ragledger run` starts a "
                          "temporary one); start one with `ragledger server start`")
+    pid = warm_runner.running_pid()
+    console.print(f"warm runner: pid {pid}" if pid else "no warm runner (each `ragledger run` imports its modules)")
     raise typer.Exit(0 if url else 1)
 
 

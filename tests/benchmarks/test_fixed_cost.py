@@ -5,7 +5,8 @@ asserted on time:
 - 20 SQuAD questions, bm25@5, Concatenation (20 calls), with no Prefect server running (each run starts its
   temporary one), in a new store each time: command seconds, the run's stage seconds (`start-up` counts from the
   head start to the flow's start), the bare loop's command seconds;
-- the same while the directory's `ragledger server` runs;
+- the same while the directory's `ragledger server` runs: through its warm runner (ragledger/warm_start.py), and
+  in the command's own process (`RAGLEDGER_WARM=0`);
 - the same command again, answered from the store (0 calls);
 - 2,000 questions (1,999 distinct calls) beside the bare loop of the same calls: the command-time ratio, right after
   the small runs (their recorders recording beside it and the bare loops), again once they have recorded them, both
@@ -58,18 +59,20 @@ def bare_loop(work: Path, base_url: str, questions: int) -> tuple[float, dict]:
     return seconds, json.loads(out.strip().splitlines()[-1])
 
 
-def ragledger_run(work: Path, spec: Path, store: str) -> tuple[float, dict]:
+def ragledger_run(work: Path, spec: Path, store: str, own_process: bool = False) -> tuple[float, dict]:
+    """`own_process`: not through the directory's warm runner (ragledger/warm_start.py), as without one."""
     out = work / f"{store}.json"
-    seconds, _ = timed([str(RAGLEDGER), "run", str(spec), "--store", store, "--json", str(out)], work)
+    alone = ["env", "RAGLEDGER_WARM=0"] if own_process else []
+    seconds, _ = timed([*alone, str(RAGLEDGER), "run", str(spec), "--store", store, "--json", str(out)], work)
     return seconds, json.loads(out.read_text())
 
 
-def small_runs(work: Path, base_url: str, spec: Path, tag: str) -> dict:
+def small_runs(work: Path, base_url: str, spec: Path, tag: str, own_process: bool = False) -> dict:
     """ROUNDS first runs of the small spec (a new store each), each after a fresh bare loop: their medians."""
     runs, bares, stages = [], [], []
     for i in range(ROUNDS):
         bares.append(bare_loop(work, base_url, SMALL)[0])
-        seconds, summary = ragledger_run(work, spec, f"{tag}-{i}")
+        seconds, summary = ragledger_run(work, spec, f"{tag}-{i}", own_process)
         assert summary["llm_calls"] == SMALL, summary["llm_calls"]
         runs.append(seconds)
         stages.append(summary["stage_seconds"])
@@ -92,7 +95,8 @@ def test_the_fixed_cost_of_a_small_run(benchmark, latency_server, tmp_path, reco
     figures["cached_rerun_command_s"] = [round(s, 2) for s in cached]
     timed([str(RAGLEDGER), "server", "start", "--port", str(free_port())], work)
     try:
-        figures |= small_runs(work, latency_server, spec, "local_server")
+        figures |= small_runs(work, latency_server, spec, "local_server")  # through its warm runner
+        figures |= small_runs(work, latency_server, spec, "local_server_own_process", own_process=True)
     finally:
         timed([str(RAGLEDGER), "server", "stop"], work)
 

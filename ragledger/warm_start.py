@@ -1,0 +1,300 @@
+"""The `ragledger` command's entry, and the warm runner that `ragledger server start` keeps beside the Prefect server.
+
+A `ragledger run` spends about a second and a half of its fixed cost importing pandas, pyarrow, pandera, pydantic,
+typer and rich (docs/performance.md, "The fixed cost of a run"). The warm runner is a process that imported them once
+and then waits on a Unix socket: each `ragledger run` started in its directory hands it the command line, the
+working directory, the environment and its own stdin, stdout and stderr, and the runner forks a child with those;
+the child runs the command exactly as the command's own process would (ragledger/cli.py `main`), and its exit
+status comes back as the command's. The command forwards the signals it gets (Ctrl-C, SIGTERM, SIGHUP) to the
+child; if the command itself dies (kill -9), the child is killed too, so the run ends as a killed run ends (the
+store is safe against that: docs/concepts.md).
+
+A command uses the runner only when the runner would import what the command itself would: the same interpreter,
+the same import path and the same import-time settings (`_IMPORT_TIME_ENV`); otherwise, or when no runner answers,
+it runs in its own process as before. `RAGLEDGER_WARM=0` turns it off for one command.
+
+Only the process's owner may connect (the peer's uid is checked), the socket is in the abstract namespace (no
+file to go stale), and the runner forks from a single Python thread: nothing it imports starts one (the native
+threads of numpy's OpenBLAS and pyarrow's jemalloc are their libraries' own, which prepare for a fork). A child's
+resource limits, nice value and CPU affinity are the runner's, not the command's.
+
+This module's top imports only the standard library: it is the entry of every `ragledger` command."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+from typing import Any, NoReturn
+
+from ragledger import warm_runner
+
+# what the runner imports before it forks: what every run imports and no run needs fresh. None of them reads the
+# environment, the working directory or the terminal when imported (tests/test_warm_start.py holds ragledger's own
+# to that), except what _IMPORT_TIME_ENV names; not ragledger/cli_common.py, which sizes its consoles from the
+# terminal, nor Prefect, whose settings are read from the environment when it is imported.
+PRELOADED = ("numpy", "pandas", "pyarrow", "pyarrow.parquet", "pandera.pandas", "pydantic", "yaml", "typer",
+             "rich.console", "rich.progress", "rich.table",
+             "schemas.spec", "schemas.records", "tracking.store.events", "tasks.stages", "flows.launch", "flows.direct",
+             "flows.head_start", "flows.prepare", "flows.plan", "flows.executor", "flows.recording", "flows.cached",
+             "ragledger.running", "ragledger.locations")
+# environment variables that the preloaded modules read when imported: a command whose values differ runs alone
+_IMPORT_TIME_ENV = ("PYTHON", "OMP_", "OPENBLAS_", "MKL_", "NUMEXPR_", "ARROW_", "PANDERA_", "LANG", "LC_")
+_WARM_COMMANDS = {"run"}
+_MAX_MESSAGE = 1 << 20
+
+
+def main() -> None:
+    """The `ragledger` command (pyproject.toml [project.scripts]): through this directory's warm runner when one
+    answers and may run it, in this process otherwise."""
+    if len(sys.argv) > 1 and sys.argv[1] in _WARM_COMMANDS and os.environ.get("RAGLEDGER_WARM", "1") != "0":
+        status = _through_runner()
+        if status is not None:
+            sys.exit(status)
+    from ragledger.cli import main as cli_main
+
+    cli_main()
+
+
+# --- the command's side -------------------------------------------------------------------------------------------
+
+def _import_setting(path: list[str]) -> dict[str, Any]:
+    """What decides what an import finds and does: a command whose setting differs from the runner's runs alone.
+    `path`: the import path without the command's own first entry (its script's folder; the runner has none: -P)."""
+    env = {k: v for k, v in os.environ.items() if k.startswith(_IMPORT_TIME_ENV)}
+    return {"executable": sys.executable, "path": [p for p in path if p], "env": env}
+
+
+def _through_runner() -> int | None:
+    """The command's exit status, run by the warm runner; None when no runner takes it."""
+    try:
+        state = json.loads(warm_runner.state_file().read_text())
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(b"\0" + state["address"].encode())
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    with sock:
+        message = {"argv": sys.argv, "cwd": os.getcwd(), "environ": dict(os.environ), "path": sys.path,
+                   "setting": _import_setting(sys.path[1:])}
+        try:
+            socket.send_fds(sock, [json.dumps(message).encode() + b"\n"], [0, 1, 2])
+            lines = _lines(sock)
+            first = next(lines, None)
+        except OSError:
+            return None
+        if first is None or "pid" not in first:
+            return None  # refused (another interpreter or import setting): this process runs the command
+        return _wait_for(first["pid"], lines)
+
+
+def _wait_for(pid: int, lines: Any) -> int:
+    """Forward the signals a command's own process would get to the child, until the runner says how it ended."""
+    def forward(signum: int, _frame: Any) -> None:  # to the child's group, as a terminal's Ctrl-C reaches a process's
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signum)
+
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(signum, forward)
+    answer = next(lines, None)  # a signal handled meanwhile does not end the wait (PEP 475)
+    if answer is None or "status" not in answer:
+        sys.stderr.write(f"error: the run's process ({pid}) ended without an exit status: its warm runner stopped "
+                         "(`ragledger server start` starts it again)\n")
+        return 1
+    status = int(answer["status"])
+    return 128 - status if status < 0 else status  # killed by signal N: 128+N, as a shell says
+
+
+def _lines(sock: socket.socket) -> Any:
+    buffer = b""
+    while True:
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            yield json.loads(line)
+        chunk = sock.recv(65536)
+        if not chunk:
+            return
+        buffer += chunk
+
+
+# --- the runner's side --------------------------------------------------------------------------------------------
+
+def serve(address: str) -> NoReturn:
+    """Import PRELOADED, listen at `address`, and fork a child for each command until SIGTERM."""
+    import gc
+    import importlib
+    import selectors
+    import threading
+
+    for name in PRELOADED:
+        importlib.import_module(name)
+    gc.freeze()  # what the imports made is never collected: a child's collections neither walk nor copy its pages
+    if threading.active_count() != 1:  # a fork copies only the forking thread: another's locks would stay held
+        raise SystemExit(f"the warm runner's imports started threads: {[t.name for t in threading.enumerate()]}")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(b"\0" + address.encode())
+    listener.listen(16)
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # running children are in groups of their own: they go on
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ)
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    os.dup2(2, 1)  # the starting command stops reading: from now on stdout goes to the log, as stderr does
+    running: dict[int, tuple[int, socket.socket]] = {}  # pidfd -> (pid, the command's connection)
+    setting = _import_setting(sys.path)
+    while True:
+        for key, _ in selector.select():
+            if key.fileobj is listener:
+                conn, _ = listener.accept()
+                child = _accept(conn, setting, listener, selector, running)
+                if child is not None:
+                    pidfd = os.pidfd_open(child)
+                    running[pidfd] = (child, conn)
+                    selector.register(pidfd, selectors.EVENT_READ)
+                else:
+                    conn.close()
+            else:
+                pidfd = key.fileobj
+                assert isinstance(pidfd, int)
+                selector.unregister(pidfd)
+                pid, conn = running.pop(pidfd)
+                os.close(pidfd)
+                _, wait_status = os.waitpid(pid, 0)
+                with contextlib.suppress(OSError):
+                    conn.sendall(json.dumps({"status": os.waitstatus_to_exitcode(wait_status)}).encode() + b"\n")
+                conn.close()
+
+
+def _accept(conn: socket.socket, setting: dict[str, Any], listener: socket.socket, selector: Any,
+            running: dict[int, tuple[int, socket.socket]]) -> int | None:
+    """The child's pid once forked; None for a command this runner must not or cannot run."""
+    try:
+        _pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        if uid != os.getuid():
+            return None
+        conn.settimeout(10)
+        data, fds, _flags, _ = socket.recv_fds(conn, _MAX_MESSAGE, 3)
+        while not data.endswith(b"\n") and len(data) < _MAX_MESSAGE:
+            chunk = conn.recv(_MAX_MESSAGE)
+            if not chunk:
+                break
+            data += chunk
+        message = json.loads(data)
+    except (OSError, ValueError):
+        return None
+    if len(fds) != 3 or message.get("setting") != setting:
+        for fd in fds:
+            os.close(fd)
+        _log(f"refused {' '.join(message.get('argv', [])[1:])!r}: its {_differences(message.get('setting'), setting)} "
+             "differ(s) from the runner's")
+        with contextlib.suppress(OSError):
+            conn.sendall(b'{"refused": "another interpreter or import setting"}\n')
+        return None
+    pid = os.fork()
+    if pid == 0:
+        selector.close()
+        listener.close()
+        for pidfd, (_, other) in running.items():
+            os.close(pidfd)
+            other.close()
+        _run_child(conn, fds, message)
+    for fd in fds:
+        os.close(fd)
+    _log(f"pid {pid}: {' '.join(message['argv'][1:])!r} in {message['cwd']}")
+    conn.settimeout(None)
+    try:
+        conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+    except OSError:  # the command is gone already: its child must not run on
+        os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+def _differences(given: Any, setting: dict[str, Any]) -> str:
+    """What of a command's import setting differs from the runner's, by name (never the values: they may be paths)."""
+    if not isinstance(given, dict):
+        return "setting"
+    names = [k for k in ("executable", "path") if given.get(k) != setting[k]]
+    env, ours = given.get("env") or {}, setting["env"]
+    names += sorted(k for k in {*env, *ours} if env.get(k) != ours.get(k))
+    return ", ".join(names) or "stdio"
+
+
+def _log(line: str) -> None:
+    import time
+
+    sys.stderr.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}\n")
+    sys.stderr.flush()
+
+
+def _run_child(conn: socket.socket, fds: list[int], message: dict[str, Any]) -> NoReturn:
+    """Become the command: its stdio, directory, environment, import path and arguments, then ragledger/cli.py's
+    `main`. Never returns to the runner's loop."""
+    status = 1
+    try:
+        os.setpgid(0, 0)  # `ragledger server stop` stops the runner's group, not the runs it started
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        for name in ("SIGTERM", "SIGHUP", "SIGQUIT"):
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        os.chdir(message["cwd"])
+        os.environ.clear()
+        os.environ.update(message["environ"])
+        sys.path[:] = message["path"]
+        sys.argv = message["argv"]
+        for stream in (sys.stdout, sys.stderr):
+            stream.reconfigure(line_buffering=stream.isatty() or stream is sys.stderr)  # type: ignore[union-attr]
+        _die_with(conn)
+        from ragledger.cli import main as cli_main
+
+        try:
+            cli_main()
+            status = 0
+        except SystemExit as exc:
+            status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        _exit_as_a_process_would()
+    except BaseException:  # whatever happens, this process must not return into the runner's loop
+        with contextlib.suppress(Exception):
+            import traceback
+
+            traceback.print_exc()
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(status)
+
+
+def _die_with(conn: socket.socket) -> None:
+    """Kill this child when its command's connection closes: the command was killed (its own exit waits for the
+    runner's word that this child ended)."""
+    import threading
+
+    conn.settimeout(None)  # the runner's receiving timeout came with the fork
+
+    def watch() -> None:
+        with contextlib.suppress(OSError):  # a reset: gone as well
+            while conn.recv(1):
+                pass
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="ragledger-command-watch", daemon=True).start()
+
+
+def _exit_as_a_process_would() -> None:
+    """What the interpreter does at exit before its teardown: join the non-daemon threads, then the atexit
+    handlers (ragledger/cli.py's last one ends the process with the command's status)."""
+    import atexit
+    import threading
+
+    with contextlib.suppress(Exception):
+        threading._shutdown()  # type: ignore[attr-defined]
+    atexit._run_exitfuncs()
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])

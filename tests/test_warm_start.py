@@ -1,0 +1,159 @@
+"""The warm runner (ragledger/warm_start.py): `ragledger run` in a directory whose runner is up is run by a child the
+runner forks, with the command's stdio, directory, environment and arguments; it stores and prints what the
+command's own process would, ends with its exit status, dies with the command, takes the signals the command gets,
+and a command whose import setting differs from the runner's runs in its own process."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.fakes.openai_server import ScriptedServer
+from tests.test_direct_route import outcomes, recorder_api, waited_for  # noqa: F401  (a fixture)
+from tests.test_flow_scripted import answer_from_context, make_spec, workspace  # noqa: F401  (a fixture)
+
+RAGLEDGER = str(Path(sys.executable).parent / "ragledger")
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def runner(workspace, recorder_api, monkeypatch):  # noqa: F811
+    """The workspace's warm runner, as `ragledger server start` starts it there; stopped at the end."""
+    from ragledger import warm_runner
+
+    monkeypatch.setenv("PREFECT_HOME", str(workspace / "prefect"))
+    monkeypatch.setenv("RAGLEDGER_INDEX_DIR", str(workspace / "indexes"))
+    (workspace / "prefect").mkdir()
+    log = workspace / "prefect" / "ragledger-runner.log"
+    pid, started = warm_runner.start(workspace, log)
+    assert started and warm_runner.start(workspace, log) == (pid, False)  # found, not started twice
+    yield log
+    assert warm_runner.stop()
+    waited_for(pid, timeout_s=20)
+
+
+def spec_file(ws: Path, base_url: str, store: str) -> Path:
+    spec = make_spec(ws, base_url, readers=("concatenation",))
+    spec["tracking"]["store"] = str(ws / store)
+    path = ws / f"{store}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def command(ws: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([RAGLEDGER, *args], cwd=ws, env={**os.environ, **(env or {})}, capture_output=True,
+                          text=True, timeout=300)
+
+
+def forked_pids(log: Path, args: str) -> list[int]:
+    return [int(p) for p in re.findall(rf"pid (\d+): '{re.escape(args)}'", log.read_text())]
+
+
+def test_a_run_through_the_runner_stores_and_prints_what_its_own_process_would(workspace, runner):  # noqa: F811
+    with ScriptedServer(answer=answer_from_context) as server:
+        spec_file(workspace, server.base_url, "warm")
+        spec_file(workspace, server.base_url, "alone")
+        warm = command(workspace, "run", "warm.yaml", "--json", "warm.json")
+        alone = command(workspace, "run", "alone.yaml", "--json", "alone.json", env={"RAGLEDGER_WARM": "0"})
+    assert warm.returncode == 0, warm.stderr[-3000:]
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    assert len(forked_pids(runner, "run warm.yaml --json warm.json")) == 1  # the runner ran it
+    assert forked_pids(runner, "run alone.yaml --json alone.json") == []  # RAGLEDGER_WARM=0: its own process
+    first, second = (json.loads((workspace / f).read_text()) for f in ("warm.json", "alone.json"))
+    assert first["llm_calls"] == second["llm_calls"] > 0
+    assert first["cells"] == second["cells"]
+    assert outcomes(str(workspace / "warm")) == outcomes(str(workspace / "alone"))
+    table = [line for line in warm.stdout.splitlines() if "bm25@2" in line]
+    assert table == [line for line in alone.stdout.splitlines() if "bm25@2" in line] and table
+    for summary in (first, second):  # the recorder each started, if the run took the direct route
+        if summary.get("recorder_pid"):
+            waited_for(summary["recorder_pid"])
+
+
+def test_a_bad_spec_ends_with_one_error_line_and_its_status(workspace, runner):  # noqa: F811
+    done = command(workspace, "run", "missing.yaml")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == ["error: missing.yaml: spec file not found"]
+    assert len(forked_pids(runner, "run missing.yaml")) == 1
+    assert not (workspace / ".ragledger" / "store").exists()
+
+
+def test_a_command_of_another_import_setting_runs_in_its_own_process(workspace, runner):  # noqa: F811
+    threads = "3" if os.environ.get("OMP_NUM_THREADS") != "3" else "4"
+    done = command(workspace, "run", "other.yaml", env={"OMP_NUM_THREADS": threads})
+    assert done.returncode == 2 and "other.yaml: spec file not found" in done.stderr
+    assert forked_pids(runner, "run other.yaml") == []
+    assert "refused 'run other.yaml': its OMP_NUM_THREADS differ(s)" in runner.read_text()
+
+
+def _started_run(ws: Path, runner: Path, server: ScriptedServer, args: str) -> tuple[subprocess.Popen, int]:
+    spec_file(ws, server.base_url, "slow")
+    proc = subprocess.Popen([RAGLEDGER, *args.split()], cwd=ws, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (pids := forked_pids(runner, args)) or not server.requests:  # forked, and calling the model
+        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        time.sleep(0.1)
+    return proc, pids[0]
+
+
+def test_a_killed_command_takes_its_run_with_it(workspace, runner):  # noqa: F811
+    with ScriptedServer(answer=answer_from_context, delay_s=10) as server:
+        proc, child = _started_run(workspace, runner, server, "run slow.yaml")
+        proc.kill()
+        proc.wait()
+        waited_for(child, timeout_s=10)
+
+
+def test_ctrl_c_reaches_the_run_and_its_status_the_command(workspace, runner):  # noqa: F811
+    with ScriptedServer(answer=answer_from_context, delay_s=10) as server:
+        proc, child = _started_run(workspace, runner, server, "run slow.yaml --store interrupted")
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=60)
+        _, err = proc.communicate()
+    waited_for(child, timeout_s=10)
+    assert code != 0 and "Traceback" not in err, err[-3000:]
+
+
+def _reads_environment(node: ast.AST, source: str) -> bool:
+    text = ast.get_source_segment(source, node) or ""
+    return any(word in text for word in ("environ", "getenv", "home()", "cwd()", "isatty", "get_terminal_size"))
+
+
+def test_what_the_runner_imports_of_ragledger_reads_no_environment_when_imported():
+    """A preloaded module of ragledger's (and every module of ragledger's it imports) reads the environment, the
+    working directory and the terminal only inside functions: the runner's children run in other directories and
+    environments. The check is real: ragledger/cli_common.py, which sizes its consoles when imported, is caught."""
+    script = ("import importlib, json, sys\nfrom ragledger.warm_start import PRELOADED\n"
+              "[importlib.import_module(m) for m in PRELOADED]\n"
+              "print(json.dumps(sorted({getattr(m, '__file__', None) or '' for m in list(sys.modules.values())})))")
+    files = json.loads(subprocess.run([sys.executable, "-P", "-c", script], capture_output=True, text=True, check=True,
+                                      cwd="/").stdout.strip().splitlines()[-1])
+    ours = [Path(f) for f in files if f.startswith(str(REPO)) and "/.venv/" not in f]
+    assert ours and not any(p.name == "cli_common.py" for p in ours)
+
+    def import_time_readers(path: Path) -> list[int]:
+        source = path.read_text()
+        found = []
+        for node in ast.walk(ast.parse(source)):
+            body = node.body if isinstance(node, ast.Module | ast.ClassDef) else []
+            found += [s.lineno for s in body if not isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef |
+                                                                   ast.ClassDef) and _reads_environment(s, source)
+                      and not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]  # a docstring
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                found += [d.lineno for d in node.args.defaults + [k for k in node.args.kw_defaults if k]
+                          if _reads_environment(d, source)]
+        return found
+
+    assert {str(p): lines for p in ours if (lines := import_time_readers(p))} == {}
+    assert import_time_readers(REPO / "ragledger" / "cli_common.py")
