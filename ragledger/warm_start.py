@@ -134,6 +134,7 @@ def serve(address: str) -> NoReturn:
     gc.freeze()  # what the imports made is never collected: a child's collections neither walk nor copy its pages
     if threading.active_count() != 1:  # a fork copies only the forking thread: another's locks would stay held
         raise SystemExit(f"the warm runner's imports started threads: {[t.name for t in threading.enumerate()]}")
+    sources = _source_stamps()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(b"\0" + address.encode())
     listener.listen(16)
@@ -149,13 +150,18 @@ def serve(address: str) -> NoReturn:
         for key, _ in selector.select():
             if key.fileobj is listener:
                 conn, _ = listener.accept()
-                child = _accept(conn, setting, listener, selector, running)
-                if child is not None:
+                received = _received(conn)
+                why = "unreadable" if received is None else _refusal(*received, setting, sources)
+                if received is not None and why is None:
+                    child = _forked(conn, *received, listener, selector, running)
                     pidfd = os.pidfd_open(child)
                     running[pidfd] = (child, conn)
                     selector.register(pidfd, selectors.EVENT_READ)
-                else:
-                    conn.close()
+                    continue
+                _refuse(conn, received, why)
+                if why.startswith("source") and not running:  # the next command finds the code as it is now
+                    _log("restarting to import the changed sources")
+                    os.execv(sys.executable, [sys.executable, "-P", "-m", "ragledger.warm_start", address])
             else:
                 pidfd = key.fileobj
                 assert isinstance(pidfd, int)
@@ -168,9 +174,33 @@ def serve(address: str) -> NoReturn:
                 conn.close()
 
 
-def _accept(conn: socket.socket, setting: dict[str, Any], listener: socket.socket, selector: Any,
-            running: dict[int, tuple[int, socket.socket]]) -> int | None:
-    """The child's pid once forked; None for a command this runner must not or cannot run."""
+def _source_stamps() -> dict[str, tuple[int, int]]:
+    """Every imported module's file with its modification time and size: a child must not run code older than
+    what is on disk (a researcher's edit to a reader, a package upgraded)."""
+    stamps = {}
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if path:
+            with contextlib.suppress(OSError):
+                st = os.stat(path)
+                stamps[path] = (st.st_mtime_ns, st.st_size)
+    return stamps
+
+
+def _changed_source(stamps: dict[str, tuple[int, int]]) -> str | None:
+    for path, stamp in stamps.items():
+        try:
+            st = os.stat(path)
+        except OSError:
+            return path
+        if (st.st_mtime_ns, st.st_size) != stamp:
+            return path
+    return None
+
+
+def _received(conn: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
+    """A command's message and its stdin, stdout and stderr; None for a peer of another user or a broken message."""
+    fds: list[int] = []
     try:
         _pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
         if uid != os.getuid():
@@ -183,16 +213,39 @@ def _accept(conn: socket.socket, setting: dict[str, Any], listener: socket.socke
                 break
             data += chunk
         message = json.loads(data)
+        if len(fds) == 3 and isinstance(message, dict):
+            return message, fds
     except (OSError, ValueError):
-        return None
-    if len(fds) != 3 or message.get("setting") != setting:
+        pass
+    for fd in fds:
+        os.close(fd)
+    return None
+
+
+def _refusal(message: dict[str, Any], _fds: list[int], setting: dict[str, Any],
+             sources: dict[str, tuple[int, int]]) -> str | None:
+    """Why this runner must not run the command, or None."""
+    if message.get("setting") != setting:
+        return f"its {_differences(message.get('setting'), setting)} differ(s) from the runner's"
+    changed = _changed_source(sources)
+    return None if changed is None else f"source changed since the runner imported it: {changed}"
+
+
+def _refuse(conn: socket.socket, received: tuple[dict[str, Any], list[int]] | None, why: str) -> None:
+    """The command runs in its own process."""
+    if received is not None:
+        message, fds = received
         for fd in fds:
             os.close(fd)
-        _log(f"refused {' '.join(message.get('argv', [])[1:])!r}: its {_differences(message.get('setting'), setting)} "
-             "differ(s) from the runner's")
-        with contextlib.suppress(OSError):
-            conn.sendall(b'{"refused": "another interpreter or import setting"}\n')
-        return None
+        _log(f"refused {' '.join(message.get('argv', [])[1:])!r}: {why}")
+    with contextlib.suppress(OSError):
+        conn.sendall(json.dumps({"refused": why}).encode() + b"\n")
+    conn.close()
+
+
+def _forked(conn: socket.socket, message: dict[str, Any], fds: list[int], listener: socket.socket, selector: Any,
+            running: dict[int, tuple[int, socket.socket]]) -> int:
+    """The child's pid: it runs the command (and never returns here)."""
     pid = os.fork()
     if pid == 0:
         selector.close()

@@ -96,6 +96,29 @@ def test_a_command_of_another_import_setting_runs_in_its_own_process(workspace, 
     assert "refused 'run other.yaml': its OMP_NUM_THREADS differ(s)" in runner.read_text()
 
 
+def test_a_source_changed_after_the_runner_imported_it_runs_as_it_is_now(workspace, runner):  # noqa: F811
+    """A preloaded module edited after the runner imported it (a researcher's edit, a package upgraded): the command
+    runs in its own process, on the code as it is on disk, and the runner, running nothing, restarts to import it
+    again, so a later command is forked from it. Only the file's modification time changes here."""
+    import flows.cached
+
+    path = Path(flows.cached.__file__)
+    before = path.stat()
+    try:
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000_000))
+        assert command(workspace, "run", "one.yaml").returncode == 2
+        log = runner.read_text()
+        assert f"refused 'run one.yaml': source changed since the runner imported it: {path}" in log
+        assert "restarting to import the changed sources" in log
+        deadline = time.monotonic() + 120
+        while not forked_pids(runner, "run two.yaml"):  # on its own until the restarted runner listens
+            assert time.monotonic() < deadline, runner.read_text()[-3000:]
+            assert command(workspace, "run", "two.yaml").returncode == 2
+            time.sleep(0.5)
+    finally:
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
 def _started_run(ws: Path, runner: Path, server: ScriptedServer, args: str) -> tuple[subprocess.Popen, int]:
     spec_file(ws, server.base_url, "slow")
     proc = subprocess.Popen([RAGLEDGER, *args.split()], cwd=ws, stdout=subprocess.DEVNULL,
