@@ -10,8 +10,9 @@ child; if the command itself dies (kill -9), the child is killed too, so the run
 store is safe against that: docs/concepts.md).
 
 A command uses the runner only when the runner would import what the command itself would: the same interpreter,
-the same import path and the same import-time settings (`_IMPORT_TIME_ENV`); otherwise, or when no runner answers,
-it runs in its own process as before. `RAGLEDGER_WARM=0` turns it off for one command.
+the same import path and the same import-time settings (`_IMPORT_TIME_ENV`), with no module the runner imported
+changed on disk since (`_source_stamps`; the runner then restarts once it runs nothing). Otherwise, or when no runner
+answers, it runs in its own process. `RAGLEDGER_WARM=0` turns it off for one command.
 
 Only the process's owner may connect (the peer's uid is checked), the socket is in the abstract namespace (no
 file to go stale), and the runner forks from a single Python thread: nothing it imports starts one (the native
