@@ -152,7 +152,7 @@ def serve(address: str) -> NoReturn:
             if key.fileobj is listener:
                 conn, _ = listener.accept()
                 received = _received(conn)
-                why = "unreadable" if received is None else _refusal(*received, setting, sources)
+                why = "unreadable" if received is None else _refusal(received[0], setting, sources)
                 if received is not None and why is None:
                     child = _forked(conn, *received, listener, selector, running)
                     pidfd = os.pidfd_open(child)
@@ -223,8 +223,7 @@ def _received(conn: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
     return None
 
 
-def _refusal(message: dict[str, Any], _fds: list[int], setting: dict[str, Any],
-             sources: dict[str, tuple[int, int]]) -> str | None:
+def _refusal(message: dict[str, Any], setting: dict[str, Any], sources: dict[str, tuple[int, int]]) -> str | None:
     """Why this runner must not run the command, or None."""
     if message.get("setting") != setting:
         return f"its {_differences(message.get('setting'), setting)} differ(s) from the runner's"
@@ -277,9 +276,12 @@ def _differences(given: Any, setting: dict[str, Any]) -> str:
 
 
 def _log(line: str) -> None:
+    """A line of the runner's log; a URL's credentials in a command line (refused by the command itself) stay out."""
     import time
 
-    sys.stderr.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}\n")
+    from core.secrets import redact_url
+
+    sys.stderr.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {redact_url(line)}\n")
     sys.stderr.flush()
 
 

@@ -88,6 +88,13 @@ def test_a_bad_spec_ends_with_one_error_line_and_its_status(workspace, runner): 
     assert not (workspace / ".ragledger" / "store").exists()
 
 
+def test_the_runners_log_keeps_no_credentials_of_a_command_line(workspace, runner):  # noqa: F811
+    done = command(workspace, "run", "missing.yaml", "--base-url", "http://lab:hunter2secret@127.0.0.1:9/v1")
+    assert done.returncode == 2 and "hunter2secret" not in done.stderr
+    log = runner.read_text()
+    assert "--base-url http://***@127.0.0.1:9/v1" in log and "hunter2secret" not in log
+
+
 def test_a_command_of_another_import_setting_runs_in_its_own_process(workspace, runner):  # noqa: F811
     threads = "3" if os.environ.get("OMP_NUM_THREADS") != "3" else "4"
     done = command(workspace, "run", "other.yaml", env={"OMP_NUM_THREADS": threads})
