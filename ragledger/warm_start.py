@@ -1,13 +1,14 @@
 """The `ragledger` command's entry, and the warm runner that `ragledger server start` keeps beside the Prefect server.
 
-A `ragledger run` spends about a second and a half of its fixed cost importing pandas, pyarrow, pandera, pydantic,
-typer and rich (docs/performance.md, "The fixed cost of a run"). The warm runner is a process that imported them once
-and then waits on a Unix socket: each `ragledger run` started in its directory hands it the command line, the
-working directory, the environment and its own stdin, stdout and stderr, and the runner forks a child with those;
-the child runs the command exactly as the command's own process would (ragledger/cli.py `main`), and its exit
-status comes back as the command's. The command forwards the signals it gets (Ctrl-C, SIGTERM, SIGHUP) to the
-child; if the command itself dies (kill -9), the child is killed too, so the run ends as a killed run ends (the
-store is safe against that: docs/concepts.md).
+A `ragledger run` imports pandas, pyarrow, pandera, pydantic, typer, rich and its stage modules (~1.5 CPU-seconds on
+a 2.4 GHz core) while its JVM and first model-call process start, and on two cores the three share the CPU; a
+command reading the store waits for the same imports (docs/performance.md, "The fixed cost of a small run"). The warm
+runner is a process that made them once and then waits on a Unix socket: each `ragledger run`, or command reading the
+store (`_WARM_COMMANDS`), started in its directory hands it the command line, the working directory, the environment
+and its own stdin, stdout and stderr, and the runner forks a child with those; the child runs the command exactly as
+the command's own process would (ragledger/cli.py `main`), and its exit status comes back as the command's. The
+command forwards the signals it gets (Ctrl-C, SIGTERM, SIGHUP) to the child; if the command itself dies (kill -9),
+the child is killed too, so the run ends as a killed run ends (the store is safe against that: docs/concepts.md).
 
 A command uses the runner only when the runner would import what the command itself would: the same interpreter,
 the same import path and the same import-time settings (`_IMPORT_TIME_ENV`), with no module the runner imported
@@ -16,10 +17,12 @@ answers, it runs in its own process. `RAGLEDGER_WARM=0` turns it off for one com
 
 Only the process's owner may connect (the peer's uid is checked), the socket is in the abstract namespace (no
 file to go stale), and the runner forks from a single Python thread: nothing it imports starts one (the native
-threads of numpy's OpenBLAS and pyarrow's jemalloc are their libraries' own, which prepare for a fork). A child's
-resource limits, nice value and CPU affinity are the runner's, not the command's.
+threads of numpy's OpenBLAS and pyarrow's jemalloc are their libraries' own, which prepare for a fork; scipy, with an
+OpenBLAS of its own, is left to the child). A child's resource limits, nice value and CPU affinity are the
+runner's, not the command's.
 
-This module's top imports only the standard library: it is the entry of every `ragledger` command."""
+This module's top imports only the standard library (and ragledger/warm_runner.py, which imports no more): it is the
+entry of every `ragledger` command."""
 
 from __future__ import annotations
 
@@ -42,10 +45,13 @@ PRELOADED = ("numpy", "pandas", "pyarrow", "pyarrow.parquet", "pandera.pandas", 
              "rich.console", "rich.progress", "rich.table",
              "schemas.spec", "schemas.records", "tracking.store.events", "tasks.stages", "flows.launch", "flows.direct",
              "flows.head_start", "flows.prepare", "flows.plan", "flows.executor", "flows.recording", "flows.cached",
-             "ragledger.running", "ragledger.locations")
+             "ragledger.running", "ragledger.locations",
+             "duckdb", "tracking.store.ledger", "tracking.analysis.examples", "tracking.analysis.history",
+             "tracking.analysis.across")
 # environment variables that the preloaded modules read when imported: a command whose values differ runs alone
 _IMPORT_TIME_ENV = ("PYTHON", "OMP_", "OPENBLAS_", "MKL_", "NUMEXPR_", "ARROW_", "PANDERA_", "LANG", "LC_")
-_WARM_COMMANDS = {"run"}
+# `run` and the commands that read the store; not those that serve (ui, schedule, server) or run a Prefect flow
+_WARM_COMMANDS = {"run", "query", "errors", "flips", "hardest", "across", "trace", "history", "leaderboard", "diff"}
 _MAX_MESSAGE = 1 << 20
 
 

@@ -1,7 +1,7 @@
-"""The warm runner (ragledger/warm_start.py): `ragledger run` in a directory whose runner is up is run by a child the
-runner forks, with the command's stdio, directory, environment and arguments; it stores and prints what the
-command's own process would, ends with its exit status, dies with the command, takes the signals the command gets,
-and a command whose import setting differs from the runner's runs in its own process."""
+"""The warm runner (ragledger/warm_start.py): `ragledger run` (or a command reading the store) in a directory whose
+runner is up is run by a child the runner forks, with the command's stdio, directory, environment and arguments; it
+stores and prints what the command's own process would, ends with its exit status, dies with the command, takes the
+signals the command gets, and a command whose import setting differs from the runner's runs in its own process."""
 
 from __future__ import annotations
 
@@ -75,6 +75,11 @@ def test_a_run_through_the_runner_stores_and_prints_what_its_own_process_would(w
     assert outcomes(str(workspace / "warm")) == outcomes(str(workspace / "alone"))
     table = [line for line in warm.stdout.splitlines() if "bm25@2" in line]
     assert table == [line for line in alone.stdout.splitlines() if "bm25@2" in line] and table
+    sql = "SELECT cell, count(*) AS n, sum(em) AS em FROM outcomes GROUP BY cell ORDER BY cell"
+    read = [command(workspace, "query", sql, "--store", "warm", "--format", "csv", env={"RAGLEDGER_WARM": flag})
+            for flag in ("1", "0")]  # a command reading the store: through the runner, then in its own process
+    assert read[0].returncode == 0 and read[0].stdout == read[1].stdout and "bm25@2" in read[0].stdout, read[0].stderr
+    assert len(forked_pids(runner, f"query {sql} --store warm --format csv")) == 1
     for summary in (first, second):  # the recorder each started, if the run took the direct route
         if summary.get("recorder_pid"):
             waited_for(summary["recorder_pid"])
