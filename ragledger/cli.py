@@ -144,9 +144,13 @@ def main() -> None:
     try:
         app()
     except SystemExit as exc:
-        code = exc.code
-        _exit_status = code if isinstance(code, int) else (0 if code is None else 1)
+        _exit_status = exit_status(exc)
         raise
+
+
+def exit_status(exc: SystemExit) -> int:
+    """The process's exit status for a SystemExit, as the interpreter gives it (a message: 1)."""
+    return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
 
 
 def _exit_without_teardown() -> None:

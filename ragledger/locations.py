@@ -108,6 +108,7 @@ def run_locations(spec: AnySpec, store_root: str, store_what: str, workdir: Path
     home (database, task results), the run logs, the retrieval indexes, a bundled model still to be fetched, and
     the --json summary."""
     from core.paths import cache_home
+    from ragledger.prefect_env import default_prefect_home
     from strategies.retrievers import parse_retriever
 
     store = Path(store_root)
@@ -116,7 +117,7 @@ def run_locations(spec: AnySpec, store_root: str, store_what: str, workdir: Path
              *mlflow_locations(spec.tracking.mlflow_uri)]
     prefect_home = os.environ.get("PREFECT_HOME")
     found.append(Location("PREFECT_HOME" if prefect_home else "Prefect home",
-                          Path(prefect_home) if prefect_home else workdir / ".ragledger" / "prefect", "dir"))
+                          Path(prefect_home) if prefect_home else default_prefect_home(workdir), "dir"))
     if os.environ.get("PREFECT_LOCAL_STORAGE_PATH"):
         found.append(Location("PREFECT_LOCAL_STORAGE_PATH", Path(os.environ["PREFECT_LOCAL_STORAGE_PATH"]), "dir"))
     found.append(Location("run logs", workdir / ".ragledger" / "logs", "dir"))

@@ -1,7 +1,8 @@
 """Starting, finding and stopping the warm runner of a directory (ragledger/warm_start.py says what it is):
 `ragledger server start`, `stop` and `status` (ragledger/cli_ops.py). Its state file lies beside the Prefect server's
 (ragledger/prefect_server.py), so the runner a directory's `ragledger server start` started serves the commands run
-there. Only the standard library at the top: the `ragledger` command's entry reads `state_file`."""
+there. Only the standard library at the top (and ragledger/prefect_env.py, no more): the `ragledger` command's entry
+reads `state_file`."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import os
 import sys
 from pathlib import Path
 
+from ragledger.prefect_env import default_prefect_home
+
 _STATE_FILE = "ragledger-runner.json"
 STARTUP_TIMEOUT_S = 120.0
 
@@ -18,7 +21,7 @@ STARTUP_TIMEOUT_S = 120.0
 def state_file() -> Path:
     """Where this directory's runner is described: beside the Prefect server's own state file
     (ragledger/prefect_server.py), so `ragledger server start` in a directory serves the commands run there."""
-    home = os.environ.get("PREFECT_HOME") or Path.cwd() / ".ragledger" / "prefect"
+    home = os.environ.get("PREFECT_HOME") or default_prefect_home(Path.cwd())
     return Path(home) / _STATE_FILE
 
 

@@ -311,13 +311,14 @@ def _run_child(conn: socket.socket, fds: list[int], message: dict[str, Any]) -> 
         for stream in (sys.stdout, sys.stderr):
             stream.reconfigure(line_buffering=stream.isatty() or stream is sys.stderr)  # type: ignore[union-attr]
         _die_with(conn)
+        from ragledger.cli import exit_status
         from ragledger.cli import main as cli_main
 
         try:
             cli_main()
             status = 0
         except SystemExit as exc:
-            status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            status = exit_status(exc)
         _exit_as_a_process_would()
     except BaseException:  # whatever happens, this process must not return into the runner's loop
         with contextlib.suppress(Exception):
