@@ -70,7 +70,8 @@ def server_status() -> None:
     console.print(f"Prefect API: {url}" if url else "no Prefect server running (each `ragledger run` starts a "
                          "temporary one); start one with `ragledger server start`")
     pid = warm_runner.running_pid()
-    console.print(f"warm runner: pid {pid}" if pid else "no warm runner (each `ragledger run` imports its modules)")
+    console.print(f"warm runner: pid {pid}" if pid else "no warm runner (the next `ragledger run` here starts one "
+                  "as it ends)")
     raise typer.Exit(0 if url else 1)
 
 

@@ -1,4 +1,5 @@
-"""The `ragledger` command's entry, and the warm runner that `ragledger server start` keeps beside the Prefect server.
+"""The `ragledger` command's entry, and the warm runner of a directory: started by a `ragledger run` that found none,
+as it ends (leaving once idle), or by `ragledger server start` beside the Prefect server (ragledger/warm_runner.py).
 
 A `ragledger run` imports pandas, pyarrow, pandera, pydantic, typer, rich and its stage modules (~1.5 CPU-seconds on
 a 2.4 GHz core) while its JVM and first model-call process start, and on two cores the three share the CPU; a
@@ -18,8 +19,8 @@ answers, it runs in its own process. `RAGLEDGER_WARM=0` turns it off for one com
 Only the process's owner may connect (the peer's uid is checked), the socket is in the abstract namespace (no
 file to go stale), and the runner forks from a single Python thread: nothing it imports starts one (the native
 threads of numpy's OpenBLAS and pyarrow's jemalloc are their libraries' own, which prepare for a fork; scipy, with an
-OpenBLAS of its own, is left to the child). A child's resource limits, nice value and CPU affinity are the
-runner's, not the command's.
+OpenBLAS of its own, is left to the child). A child takes the command's umask, nice value, CPU affinity and
+resource limits; a command whose nice value or hard limits a child could not take runs alone (`_unreachable`).
 
 This module's top imports only the standard library (and ragledger/warm_runner.py, which imports no more): it is the
 entry of every `ragledger` command."""
@@ -33,6 +34,7 @@ import signal
 import socket
 import struct
 import sys
+from pathlib import Path
 from typing import Any, NoReturn
 
 from ragledger import warm_runner
@@ -53,18 +55,32 @@ _IMPORT_TIME_ENV = ("PYTHON", "OMP_", "OPENBLAS_", "MKL_", "NUMEXPR_", "ARROW_",
 # `run` and the commands that read the store; not those that serve (ui, schedule, server) or run a Prefect flow
 _WARM_COMMANDS = {"run", "query", "errors", "flips", "hardest", "across", "trace", "history", "leaderboard", "diff"}
 _MAX_MESSAGE = 1 << 20
+_NO_RUNNER, _REFUSED = "no runner answered", "refused by the runner"
 
 
 def main() -> None:
     """The `ragledger` command (pyproject.toml [project.scripts]): through this directory's warm runner when one
-    answers and may run it, in this process otherwise."""
+    answers and may run it, in this process otherwise. A `ragledger run` that found no runner starts one as it ends,
+    for the commands after it (it leaves once idle: ragledger/warm_runner.py `start_in_background`)."""
+    alone = None
     if len(sys.argv) > 1 and sys.argv[1] in _WARM_COMMANDS and os.environ.get("RAGLEDGER_WARM", "1") != "0":
-        status = _through_runner()
-        if status is not None:
-            sys.exit(status)
+        alone = _through_runner()
+        if isinstance(alone, int):
+            sys.exit(alone)
     from ragledger.cli import main as cli_main
 
-    cli_main()
+    if alone != _NO_RUNNER or sys.argv[1] != "run":
+        cli_main()
+        return
+    try:
+        cli_main()
+    except SystemExit as exc:
+        from ragledger.cli import exit_status
+
+        if exit_status(exc) == 0:
+            warm_runner.start_in_background(Path.cwd())
+        raise
+    warm_runner.start_in_background(Path.cwd())
 
 
 # --- the command's side -------------------------------------------------------------------------------------------
@@ -76,26 +92,42 @@ def _import_setting(path: list[str]) -> dict[str, Any]:
     return {"executable": sys.executable, "path": [p for p in path if p], "env": env}
 
 
-def _through_runner() -> int | None:
-    """The command's exit status, run by the warm runner; None when no runner takes it."""
+def _through_runner() -> int | str:
+    """The command's exit status, run by the warm runner; otherwise why this process runs it: _NO_RUNNER, or
+    _REFUSED (the runner's interpreter, import setting or process limits are not the command's)."""
     try:
         state = json.loads(warm_runner.state_file().read_text())
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.connect(b"\0" + state["address"].encode())
     except (OSError, ValueError, KeyError, TypeError):
-        return None
+        return _NO_RUNNER
     with sock:
         message = {"argv": sys.argv, "cwd": os.getcwd(), "environ": dict(os.environ), "path": sys.path,
-                   "setting": _import_setting(sys.path[1:])}
+                   "setting": _import_setting(sys.path[1:]), "process": _process_setting()}
         try:
             socket.send_fds(sock, [json.dumps(message).encode() + b"\n"], [0, 1, 2])
             lines = _lines(sock)
             first = next(lines, None)
         except OSError:
-            return None
-        if first is None or "pid" not in first:
-            return None  # refused (another interpreter or import setting): this process runs the command
+            return _NO_RUNNER
+        if first is None:
+            return _NO_RUNNER  # it left as it was reached (idle, or stopped)
+        if "pid" not in first:
+            return _REFUSED
         return _wait_for(first["pid"], lines)
+
+
+def _process_setting() -> dict[str, Any]:
+    """What a process takes from its parent besides its environment and directory: a child forked by the runner
+    takes the command's (`_take_process_setting`), or the command runs alone where it cannot (`_unreachable`)."""
+    import resource
+
+    mask = os.umask(0o022)
+    os.umask(mask)
+    limits = {name: list(resource.getrlimit(getattr(resource, name))) for name in dir(resource)
+              if name.startswith("RLIMIT_")}
+    return {"umask": mask, "nice": os.getpriority(os.PRIO_PROCESS, 0), "affinity": sorted(os.sched_getaffinity(0)),
+            "rlimits": limits}
 
 
 def _wait_for(pid: int, lines: Any) -> int:
@@ -129,23 +161,16 @@ def _lines(sock: socket.socket) -> Any:
 
 # --- the runner's side --------------------------------------------------------------------------------------------
 
-def serve(address: str) -> NoReturn:
-    """Import PRELOADED, listen at `address`, and fork a child for each command until SIGTERM."""
-    import gc
-    import importlib
+def serve(address: str, idle_minutes: float | None = None) -> NoReturn:
+    """Claim `address` (a runner holding it already: leave), import PRELOADED, and fork a child for each command
+    until SIGTERM, or until idle for `idle_minutes` (no command under way or arriving)."""
     import selectors
-    import threading
+    import time
 
-    for name in PRELOADED:
-        importlib.import_module(name)
-    gc.freeze()  # what the imports made is never collected: a child's collections neither walk nor copy its pages
-    if threading.active_count() != 1:  # a fork copies only the forking thread: another's locks would stay held
-        raise SystemExit(f"the warm runner's imports started threads: {[t.name for t in threading.enumerate()]}")
-    sources = _source_stamps()
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(b"\0" + address.encode())
-    listener.listen(16)
+    listener = _claimed(address, idle_minutes)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # running children are in groups of their own: they go on
+    _warmed()
+    sources = _source_stamps()
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ)
     sys.stdout.write("ready\n")
@@ -153,32 +178,79 @@ def serve(address: str) -> NoReturn:
     os.dup2(2, 1)  # the starting command stops reading: from now on stdout goes to the log, as stderr does
     running: dict[int, tuple[int, socket.socket]] = {}  # pidfd -> (pid, the command's connection)
     setting = _import_setting(sys.path)
+    idle_s, last_seen = (None if idle_minutes is None else idle_minutes * 60), time.monotonic()
     while True:
-        for key, _ in selector.select():
+        wait = None if idle_s is None or running else max(idle_s - (time.monotonic() - last_seen), 0.0)
+        events = selector.select(wait)
+        if not events and not running and wait is not None and time.monotonic() - last_seen >= idle_s:
+            warm_runner.forget_state()
+            _log(f"idle for {idle_minutes:g} min: leaving")
+            os._exit(0)
+        last_seen = time.monotonic()
+        for key, _ in events:
             if key.fileobj is listener:
-                conn, _ = listener.accept()
-                received = _received(conn)
-                why = "unreadable" if received is None else _refusal(received[0], setting, sources)
-                if received is not None and why is None:
-                    child = _forked(conn, *received, listener, selector, running)
-                    pidfd = os.pidfd_open(child)
-                    running[pidfd] = (child, conn)
-                    selector.register(pidfd, selectors.EVENT_READ)
-                    continue
-                _refuse(conn, received, why)
-                if why.startswith("source") and not running:  # the next command finds the code as it is now
-                    _log("restarting to import the changed sources")
-                    os.execv(sys.executable, [sys.executable, "-P", "-m", "ragledger.warm_start", address])
+                _answer(listener, selector, running, setting, sources, address, idle_minutes)
             else:
-                pidfd = key.fileobj
-                assert isinstance(pidfd, int)
-                selector.unregister(pidfd)
-                pid, conn = running.pop(pidfd)
-                os.close(pidfd)
-                _, wait_status = os.waitpid(pid, 0)
-                with contextlib.suppress(OSError):
-                    conn.sendall(json.dumps({"status": os.waitstatus_to_exitcode(wait_status)}).encode() + b"\n")
-                conn.close()
+                _reap(key.fileobj, selector, running)
+
+
+def _claimed(address: str, idle_minutes: float | None) -> socket.socket:
+    """The listening socket at `address`, before the imports: a command arriving meanwhile waits for them rather
+    than making its own, and a second runner started for the directory leaves at once."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(b"\0" + address.encode())
+    except OSError:  # EADDRINUSE: this directory's runner runs already
+        os._exit(0)
+    listener.listen(16)
+    warm_runner.write_state(address, os.readlink("/proc/self/fd/2"), idle_minutes)
+    return listener
+
+
+def _warmed() -> None:
+    import gc
+    import importlib
+    import threading
+
+    for name in PRELOADED:
+        importlib.import_module(name)
+    gc.freeze()  # what the imports made is never collected: a child's collections neither walk nor copy its pages
+    if threading.active_count() != 1:  # a fork copies only the forking thread: another's locks would stay held
+        raise SystemExit(f"the warm runner's imports started threads: {[t.name for t in threading.enumerate()]}")
+
+
+def _answer(listener: socket.socket, selector: Any, running: dict[int, tuple[int, socket.socket]],
+            setting: dict[str, Any], sources: dict[str, tuple[int, int]], address: str,
+            idle_minutes: float | None) -> None:
+    """Take one command: fork its child, or refuse it (and restart, idle, to import changed sources)."""
+    import selectors
+
+    conn, _ = listener.accept()
+    received = _received(conn)
+    why = "unreadable" if received is None else _refusal(received[0], setting, sources)
+    if received is not None and why is None:
+        child = _forked(conn, *received, listener, selector, running)
+        pidfd = os.pidfd_open(child)
+        running[pidfd] = (child, conn)
+        selector.register(pidfd, selectors.EVENT_READ)
+        return
+    _refuse(conn, received, why)
+    if why.startswith("source") and not running:  # the next command finds the code as it is now
+        _log("restarting to import the changed sources")
+        idle = [] if idle_minutes is None else ["--idle-minutes", str(idle_minutes)]
+        os.execv(sys.executable, [sys.executable, "-P", "-m", "ragledger.warm_start", address, *idle])
+
+
+def _reap(pidfd: Any, selector: Any, running: dict[int, tuple[int, socket.socket]]) -> None:
+    """A child ended: its exit status to its command."""
+    assert isinstance(pidfd, int)
+    selector.unregister(pidfd)
+    pid, conn = running.pop(pidfd)
+    os.close(pidfd)
+    _, wait_status = os.waitpid(pid, 0)
+    with contextlib.suppress(OSError):
+        conn.sendall(json.dumps({"status": os.waitstatus_to_exitcode(wait_status)}).encode() + b"\n")
+    conn.close()
 
 
 def _source_stamps() -> dict[str, tuple[int, int]]:
@@ -233,8 +305,44 @@ def _refusal(message: dict[str, Any], setting: dict[str, Any], sources: dict[str
     """Why this runner must not run the command, or None."""
     if message.get("setting") != setting:
         return f"its {_differences(message.get('setting'), setting)} differ(s) from the runner's"
+    unreachable = _unreachable(message.get("process"))
+    if unreachable:
+        return f"a child of the runner cannot take its {unreachable}"
     changed = _changed_source(sources)
     return None if changed is None else f"source changed since the runner imported it: {changed}"
+
+
+def _unreachable(process: Any) -> str | None:
+    """What of a command's process setting a forked child could not take: a nice value below the runner's, a hard
+    resource limit above it (neither may be changed so by a process that is not root's)."""
+    import resource
+
+    if not isinstance(process, dict) or not isinstance(process.get("rlimits"), dict):
+        return "process setting"
+    if os.geteuid() == 0:
+        return None
+    if process.get("nice", 0) < os.getpriority(os.PRIO_PROCESS, 0):
+        return "nice value"
+    def above(a: int, b: int) -> bool:  # RLIM_INFINITY (-1) above all
+        return a != b and (a == resource.RLIM_INFINITY or (b != resource.RLIM_INFINITY and a > b))
+    higher = [name for name, (_, hard) in process["rlimits"].items()
+              if hasattr(resource, name) and above(hard, resource.getrlimit(getattr(resource, name))[1])]
+    return f"hard limit(s) {', '.join(sorted(higher))}" if higher else None
+
+
+def _take_process_setting(process: dict[str, Any]) -> None:
+    """The command's umask, nice value, CPU affinity and resource limits, for this child (`_unreachable` held)."""
+    import resource
+
+    os.umask(process["umask"])
+    if process["nice"] != os.getpriority(os.PRIO_PROCESS, 0):
+        os.setpriority(os.PRIO_PROCESS, 0, process["nice"])
+    with contextlib.suppress(OSError):  # CPUs outside the runner's cgroup: the runner's
+        os.sched_setaffinity(0, process["affinity"])
+    for name, limits in process["rlimits"].items():
+        which = getattr(resource, name, None)
+        if which is not None and resource.getrlimit(which) != tuple(limits):
+            resource.setrlimit(which, tuple(limits))
 
 
 def _refuse(conn: socket.socket, received: tuple[dict[str, Any], list[int]] | None, why: str) -> None:
@@ -303,6 +411,7 @@ def _run_child(conn: socket.socket, fds: list[int], message: dict[str, Any]) -> 
         for name in ("SIGTERM", "SIGHUP", "SIGQUIT"):
             signal.signal(getattr(signal, name), signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        _take_process_setting(message["process"])
         os.chdir(message["cwd"])
         os.environ.clear()
         os.environ.update(message["environ"])
@@ -359,5 +468,5 @@ def _exit_as_a_process_would() -> None:
     atexit._run_exitfuncs()
 
 
-if __name__ == "__main__":
-    serve(sys.argv[1])
+if __name__ == "__main__":  # python -P -m ragledger.warm_start ADDRESS [--idle-minutes M] (ragledger/warm_runner.py)
+    serve(sys.argv[1], float(sys.argv[3]) if sys.argv[2:3] == ["--idle-minutes"] else None)

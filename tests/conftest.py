@@ -15,6 +15,9 @@ DATA = Path(os.environ["RAGLEDGER_DATA"])
 # `ragledger run` records its run in Prefect and MLflow before it returns, as the tests that read them right after a
 # command need; tests/test_direct_route.py runs it as a user does (recorded after the table, flows/direct.py)
 os.environ["RAGLEDGER_FOREGROUND"] = "1"
+# each command in its own process, none starting a warm runner for its directory as it ends (ragledger/warm_start.py):
+# tests/test_warm_start.py and the benchmarks turn it back on
+os.environ["RAGLEDGER_WARM"] = "0"
 
 
 # The fast tier (bash infra/test.sh --fast: pytest -m "not integration and not slow", under 3 minutes on 2 cores)

@@ -33,6 +33,7 @@ def runner(workspace, recorder_api, monkeypatch):  # noqa: F811
 
     monkeypatch.setenv("PREFECT_HOME", str(workspace / "prefect"))
     monkeypatch.setenv("RAGLEDGER_INDEX_DIR", str(workspace / "indexes"))
+    monkeypatch.delenv("RAGLEDGER_WARM")  # on, as in a user's shell (tests/conftest.py turns it off)
     (workspace / "prefect").mkdir()
     log = workspace / "prefect" / "ragledger-runner.log"
     pid, started = warm_runner.start(workspace, log)
@@ -158,6 +159,61 @@ def test_ctrl_c_reaches_the_run_and_its_status_the_command(workspace, runner):  
         _, err = proc.communicate()
     waited_for(child, timeout_s=10)
     assert code != 0 and "Traceback" not in err, err[-3000:]
+
+
+def test_a_run_that_found_no_runner_starts_one_that_serves_the_next_commands_and_leaves_when_idle(
+        workspace, recorder_api, monkeypatch):  # noqa: F811
+    """No `ragledger server start`: the first run runs in its own process and, ending, starts the directory's
+    runner; the next commands are forked from it, each taking the command's umask (the store's files say it); idle
+    for RAGLEDGER_WARM_IDLE_MINUTES, it leaves and takes its state file with it."""
+    from ragledger import warm_runner
+
+    monkeypatch.setenv("PREFECT_HOME", str(workspace / "prefect"))
+    monkeypatch.setenv("RAGLEDGER_INDEX_DIR", str(workspace / "indexes"))
+    monkeypatch.setenv("RAGLEDGER_WARM_IDLE_MINUTES", "0.25")
+    monkeypatch.delenv("RAGLEDGER_WARM")
+    monkeypatch.chdir(workspace)
+    log = workspace / "prefect" / "ragledger-runner.log"
+    with ScriptedServer(answer=answer_from_context) as server:
+        spec_file(workspace, server.base_url, "first")
+        spec_file(workspace, server.base_url, "private")
+        first = command(workspace, "run", "first.yaml")
+        assert first.returncode == 0, first.stderr[-3000:]
+        deadline = time.monotonic() + 60
+        while (pid := warm_runner.running_pid()) is None:  # started as the first run ended
+            assert time.monotonic() < deadline, log.read_text() if log.exists() else "no runner log"
+            time.sleep(0.2)
+        private = subprocess.run(["sh", "-c", f"umask 077 && exec {RAGLEDGER} run private.yaml"], cwd=workspace,
+                                 capture_output=True, text=True, timeout=300)
+    assert private.returncode == 0, private.stderr[-3000:]
+    assert forked_pids(log, "run first.yaml") == [] and len(forked_pids(log, "run private.yaml")) == 1
+    stored = [f for f in (workspace / "private").rglob("*") if f.is_file()]
+    assert stored and {f.stat().st_mode & 0o077 for f in stored} == {0}  # the command's umask, not the runner's
+    assert {f.stat().st_mode & 0o044 for f in (workspace / "first").rglob("*") if f.is_file()} == {0o044}
+    waited_for(pid, timeout_s=120)  # idle for 15 s once the second command ended
+    assert warm_runner.running_pid() is None and not warm_runner.state_file().exists()
+    assert "idle for 0.25 min: leaving" in log.read_text()
+
+
+def test_a_command_whose_limits_a_forked_child_could_not_take_runs_in_its_own_process(monkeypatch):
+    """Not root, a child of the runner can raise its nice value and lower a hard limit, never the reverse: such a
+    command runs alone (ragledger/warm_start.py `_unreachable`)."""
+    import resource
+
+    from ragledger import warm_start
+
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    mine = warm_start._process_setting()
+    assert warm_start._unreachable(mine) is None
+    assert warm_start._unreachable({**mine, "nice": mine["nice"] + 5}) is None
+    assert warm_start._unreachable({**mine, "nice": mine["nice"] - 1}) == "nice value"
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    lower = {**mine, "rlimits": {**mine["rlimits"], "RLIMIT_NOFILE": [min(soft, 64), min(hard, 64)]}}
+    assert warm_start._unreachable(lower) is None
+    if hard != resource.RLIM_INFINITY:
+        higher = {**mine, "rlimits": {**mine["rlimits"], "RLIMIT_NOFILE": [soft, resource.RLIM_INFINITY]}}
+        assert warm_start._unreachable(higher) == "hard limit(s) RLIMIT_NOFILE"
+    assert warm_start._unreachable(None) == "process setting"
 
 
 def _reads_environment(node: ast.AST, source: str) -> bool:

@@ -3,18 +3,21 @@ beside a fresh bare-loop script process making the same calls, both against the 
 tests/benchmarks/test_flow_throughput.py (answers after 100 ms, concurrency 64), in one run. Reported, never
 asserted on time:
 - 20 SQuAD questions, bm25@5, Concatenation (20 calls), with no Prefect server running (each run starts its
-  temporary one), in a new store each time: command seconds, the run's stage seconds (`start-up` counts from the
-  head start to the flow's start), the bare loop's command seconds;
-- the same while the directory's `ragledger server` runs: through its warm runner (ragledger/warm_start.py), and
-  in the command's own process (`RAGLEDGER_WARM=0`);
+  temporary one), in a new store each time: through the warm runner the run before started as it ended
+  (ragledger/warm_start.py), and in the command's own process (`RAGLEDGER_WARM=0`, as a first command in a
+  directory runs): command seconds, the run's stage seconds (`start-up` counts from the head start to the flow's
+  start), the bare loop's command seconds;
 - the same command again, answered from the store (0 calls);
 - 2,000 questions (1,999 distinct calls) beside the bare loop of the same calls: the command-time ratio, right after
   the small runs (their recorders recording beside it and the bare loops), again once they have recorded them, both
-  embedding the answers for the semantic match afresh, and once more with those embeddings kept.
+  embedding the answers for the semantic match afresh, and once more with those embeddings kept; through the warm
+  runner, and the first of them again in its own process;
+- 20 questions while the directory's `ragledger server` runs: through its warm runner, and in the command's own
+  process.
 
 Before the timed commands, one run of 20 questions into another store builds the BM25 index if needed and creates
-the directory's Prefect and MLflow databases, as a user's earlier runs would. Each small command runs ROUNDS times,
-alternating with its bare loop; the medians are recorded.
+the directory's Prefect and MLflow databases, as a user's earlier runs would (and, ending, starts the directory's
+warm runner). Each small command runs ROUNDS times, alternating with its bare loop; the medians are recorded.
 
 Skipped by default (`--benchmark-skip`). Run:
     .venv/bin/python -m pytest tests/benchmarks/test_fixed_cost.py --benchmark-only -p no:cacheprovider -s
@@ -62,9 +65,14 @@ def bare_loop(work: Path, base_url: str, questions: int) -> tuple[float, dict]:
 def ragledger_run(work: Path, spec: Path, store: str, own_process: bool = False) -> tuple[float, dict]:
     """`own_process`: not through the directory's warm runner (ragledger/warm_start.py), as without one."""
     out = work / f"{store}.json"
-    alone = ["env", "RAGLEDGER_WARM=0"] if own_process else []
-    seconds, _ = timed([*alone, str(RAGLEDGER), "run", str(spec), "--store", store, "--json", str(out)], work)
+    seconds, _ = timed([*shell(own_process), str(RAGLEDGER), "run", str(spec), "--store", store, "--json", str(out)],
+                       work)
     return seconds, json.loads(out.read_text())
+
+
+def shell(own_process: bool = False) -> list[str]:
+    """A user's shell: the warm runner on (tests/conftest.py turns it off for the tests), or off for this command."""
+    return ["env", "RAGLEDGER_WARM=0" if own_process else "RAGLEDGER_WARM=1"]
 
 
 def small_runs(work: Path, base_url: str, spec: Path, tag: str, own_process: bool = False) -> dict:
@@ -86,30 +94,36 @@ def test_the_fixed_cost_of_a_small_run(benchmark, latency_server, tmp_path, reco
     work.mkdir()
     fresh_cache_home(work / "cache-home")
     spec = write_spec(work / "small.yaml", latency_server, SMALL)
-    timed([str(RAGLEDGER), "run", str(spec), "--store", "warm-store"], work)
+    timed([*shell(), str(RAGLEDGER), "run", str(spec), "--store", "warm-store"], work)  # starts the warm runner
 
     figures: dict = {}
-    benchmark.pedantic(lambda: figures.update(small_runs(work, latency_server, spec, "no_server")), rounds=1,
-                       iterations=1)
-    cached = [timed([str(RAGLEDGER), "run", str(spec), "--store", "no_server-0"], work)[0] for _ in range(ROUNDS)]
-    figures["cached_rerun_command_s"] = [round(s, 2) for s in cached]
-    timed([str(RAGLEDGER), "server", "start", "--port", str(free_port())], work)
     try:
-        figures |= small_runs(work, latency_server, spec, "local_server")  # through its warm runner
+        benchmark.pedantic(lambda: figures.update(small_runs(work, latency_server, spec, "no_server")), rounds=1,
+                           iterations=1)
+        figures |= small_runs(work, latency_server, spec, "no_server_own_process", own_process=True)
+        cached = [timed([*shell(), str(RAGLEDGER), "run", str(spec), "--store", "no_server-0"], work)[0]
+                  for _ in range(ROUNDS)]
+        figures["cached_rerun_command_s"] = [round(s, 2) for s in cached]
+
+        large = write_spec(work / "large.yaml", latency_server, 2000)
+        figures |= large_run(work, latency_server, large, "large")  # the small runs' recorders still recording
+        recorders_done(work / "cache-home")
+        figures |= large_run(work, latency_server, large, "large_quiet")
+        recorders_done(work / "cache-home")
+        figures |= large_run(work, latency_server, large, "large_quiet_own_process", own_process=True)
+        recorders_done(work / "cache-home")
+        figures |= large_run(work, latency_server, large, "large_kept", keep_embeddings=True)
+
+        timed([str(RAGLEDGER), "server", "start", "--port", str(free_port())], work)  # finds the runner running
+        figures |= small_runs(work, latency_server, spec, "local_server")
         figures |= small_runs(work, latency_server, spec, "local_server_own_process", own_process=True)
     finally:
-        timed([str(RAGLEDGER), "server", "stop"], work)
-
-    large = write_spec(work / "large.yaml", latency_server, 2000)
-    figures |= large_run(work, latency_server, large, "large")  # the small runs' recorders still recording
-    recorders_done(work / "cache-home")
-    figures |= large_run(work, latency_server, large, "large_quiet")
-    recorders_done(work / "cache-home")
-    figures |= large_run(work, latency_server, large, "large_kept", keep_embeddings=True)
+        timed([str(RAGLEDGER), "server", "stop"], work)  # the Prefect server and the warm runner
     record_result("fixed_cost", figures)
 
 
-def large_run(work: Path, base_url: str, spec: Path, tag: str, keep_embeddings: bool = False) -> dict:
+def large_run(work: Path, base_url: str, spec: Path, tag: str, keep_embeddings: bool = False,
+              own_process: bool = False) -> dict:
     """The 2,000-question run (a new store) between two bare loops: its command time, and its ratio to their mean. It
     embeds its answers for the semantic match as a first run over these questions on this machine would
     (engines/vector_cache.py), or with `keep_embeddings` finds them kept by the run before."""
@@ -118,7 +132,7 @@ def large_run(work: Path, base_url: str, spec: Path, tag: str, keep_embeddings: 
     if not keep_embeddings:
         shutil.rmtree(work / "cache-home" / "embeddings", ignore_errors=True)
     bare_s, bare = bare_loop(work, base_url, 2000)
-    run_s, summary = ragledger_run(work, spec, tag)
+    run_s, summary = ragledger_run(work, spec, tag, own_process)
     bare_after_s, _ = bare_loop(work, base_url, 2000)
     return {f"{tag}_calls": summary["llm_calls"], f"{tag}_bare_loop_calls": bare["calls"],
             f"{tag}_command_s": round(run_s, 2), f"{tag}_bare_loop_command_s": [round(bare_s, 2), round(bare_after_s, 2)],
