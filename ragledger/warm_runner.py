@@ -87,13 +87,14 @@ def start(workdir: Path, log: Path) -> tuple[int, bool]:
     return proc.pid, True
 
 
-def start_in_background(workdir: Path) -> None:
+def start_in_background(workdir: Path, env: dict[str, str]) -> None:
     """Start a runner for `workdir` that stops once idle for RAGLEDGER_WARM_IDLE_MINUTES (default 20), without
-    waiting for it: what a `ragledger run` that found none does as it ends, for the commands after it. Nothing when
-    the directory has no Prefect home (the run kept its state elsewhere, or failed before it made one)."""
+    waiting for it: what a `ragledger run` that found none does as it ends, for the commands after it, in `env` (the
+    command's as it started). Nothing when the directory has no Prefect home (the run kept its state elsewhere, or
+    failed before it made one)."""
     home = state_file().parent
     if home.is_dir():
-        _spawned(workdir, home / "ragledger-runner.log", idle_minutes=idle_minutes(), stdout=False)
+        _spawned(workdir, home / "ragledger-runner.log", idle_minutes=idle_minutes(), stdout=False, env=env)
 
 
 def idle_minutes() -> float:
@@ -104,7 +105,8 @@ def idle_minutes() -> float:
         return 20.0
 
 
-def _spawned(workdir: Path, log: Path, idle_minutes: float | None, stdout: bool) -> subprocess.Popen:
+def _spawned(workdir: Path, log: Path, idle_minutes: float | None, stdout: bool,
+             env: dict[str, str] | None = None) -> subprocess.Popen:
     """A runner process for `workdir`: it claims the directory's address (a second one leaves at once), writes the
     state file, imports, says "ready" and serves (ragledger/warm_start.py `serve`)."""
     import subprocess
@@ -113,7 +115,7 @@ def _spawned(workdir: Path, log: Path, idle_minutes: float | None, stdout: bool)
     with open(log, "ab") as out:
         return subprocess.Popen([sys.executable, "-P", "-m", "ragledger.warm_start", address_for(workdir), *idle],
                                 stdout=subprocess.PIPE if stdout else subprocess.DEVNULL, stderr=out,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+                                stdin=subprocess.DEVNULL, start_new_session=True, env=env)
 
 
 def write_state(address: str, log: str, idle_minutes: float | None) -> None:

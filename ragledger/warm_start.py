@@ -72,15 +72,16 @@ def main() -> None:
     if alone != _NO_RUNNER or sys.argv[1] != "run":
         cli_main()
         return
+    shell_env = dict(os.environ)  # the runner's, not what the run sets in its own (its Prefect home, its log)
     try:
         cli_main()
     except SystemExit as exc:
         from ragledger.cli import exit_status
 
         if exit_status(exc) == 0:
-            warm_runner.start_in_background(Path.cwd())
+            warm_runner.start_in_background(Path.cwd(), shell_env)
         raise
-    warm_runner.start_in_background(Path.cwd())
+    warm_runner.start_in_background(Path.cwd(), shell_env)
 
 
 # --- the command's side -------------------------------------------------------------------------------------------
