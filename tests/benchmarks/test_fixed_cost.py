@@ -114,7 +114,7 @@ def test_the_fixed_cost_of_a_small_run(benchmark, latency_server, tmp_path, reco
         recorders_done(work / "cache-home")
         figures |= large_run(work, latency_server, large, "large_kept", keep_embeddings=True)
 
-        timed([str(RAGLEDGER), "server", "start", "--port", str(free_port())], work)  # finds the runner running
+        timed([str(RAGLEDGER), "server", "start", "--port", str(free_port())], work)  # a runner that stays, instead
         figures |= small_runs(work, latency_server, spec, "local_server")
         figures |= small_runs(work, latency_server, spec, "local_server_own_process", own_process=True)
     finally:
