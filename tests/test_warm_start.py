@@ -195,6 +195,31 @@ def test_a_run_that_found_no_runner_starts_one_that_serves_the_next_commands_and
     assert "idle for 0.25 min: leaving" in log.read_text()
 
 
+def test_server_start_replaces_a_runner_a_run_started_with_one_that_stays(workspace, monkeypatch):  # noqa: F811
+    """`ragledger server start` finds the runner a run started (which would leave when idle) and puts one in its
+    place that stays until `ragledger server stop`."""
+    from ragledger import warm_runner
+
+    monkeypatch.setenv("PREFECT_HOME", str(workspace / "prefect"))
+    (workspace / "prefect").mkdir()
+    monkeypatch.chdir(workspace)
+    warm_runner.start_in_background(workspace, dict(os.environ))
+    deadline = time.monotonic() + 60
+    while (idle := warm_runner.running_pid()) is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert json.loads(warm_runner.state_file().read_text())["idle_minutes"] == 20.0
+    pid, started = warm_runner.start(workspace, workspace / "prefect" / "ragledger-runner.log")
+    try:
+        assert started and pid != idle
+        waited_for(idle, timeout_s=20)
+        assert json.loads(warm_runner.state_file().read_text()) | {"log": None} == {
+            "pid": pid, "address": warm_runner.address_for(workspace), "log": None, "idle_minutes": None}
+    finally:
+        assert warm_runner.stop()
+    waited_for(pid, timeout_s=20)
+
+
 def test_a_command_whose_limits_a_forked_child_could_not_take_runs_in_its_own_process(monkeypatch):
     """Not root, a child of the runner can raise its nice value and lower a hard limit, never the reverse: such a
     command runs alone (ragledger/warm_start.py `_unreachable`)."""
