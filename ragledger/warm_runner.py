@@ -50,12 +50,13 @@ def running_pid() -> int | None:
 
 def _state_pid() -> int | None:
     try:
-        return int(_state()["pid"])
+        return int(state()["pid"])
     except (KeyError, ValueError, TypeError):
         return None
 
 
-def _state() -> dict:
+def state() -> dict:
+    """What the runner wrote of itself (`write_state`); empty when there is none or it cannot be read."""
     try:
         state = json.loads(state_file().read_text())
     except (OSError, ValueError):
@@ -69,7 +70,7 @@ def start(workdir: Path, log: Path) -> tuple[int, bool]:
     import select
 
     running = running_pid()
-    if running is not None and _state().get("idle_minutes") is None:
+    if running is not None and state().get("idle_minutes") is None:
         return running, False
     if running is not None:  # one a run started, which would leave when idle: this one stays until `stop`
         stop()
@@ -111,11 +112,16 @@ def _spawned(workdir: Path, log: Path, idle_minutes: float | None, stdout: bool,
     state file, imports, says "ready" and serves (ragledger/warm_start.py `serve`)."""
     import subprocess
 
-    idle = [] if idle_minutes is None else ["--idle-minutes", str(idle_minutes)]
     with open(log, "ab") as out:
-        return subprocess.Popen([sys.executable, "-P", "-m", "ragledger.warm_start", address_for(workdir), *idle],
+        return subprocess.Popen(runner_command(address_for(workdir), idle_minutes),
                                 stdout=subprocess.PIPE if stdout else subprocess.DEVNULL, stderr=out,
                                 stdin=subprocess.DEVNULL, start_new_session=True, env=env)
+
+
+def runner_command(address: str, idle_minutes: float | None) -> list[str]:
+    """The runner's command line (ragledger/warm_start.py reads it back as it starts, and re-execs it)."""
+    idle = [] if idle_minutes is None else ["--idle-minutes", str(idle_minutes)]
+    return [sys.executable, "-P", "-m", "ragledger.warm_start", address, *idle]
 
 
 def write_state(address: str, log: str, idle_minutes: float | None) -> None:

@@ -97,10 +97,10 @@ def _through_runner() -> int | str:
     """The command's exit status, run by the warm runner; otherwise why this process runs it: _NO_RUNNER, or
     _REFUSED (the runner's interpreter, import setting or process limits are not the command's)."""
     try:
-        state = json.loads(warm_runner.state_file().read_text())
+        address = warm_runner.state()["address"]
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.connect(b"\0" + state["address"].encode())
-    except (OSError, ValueError, KeyError, TypeError):
+        sock.connect(b"\0" + address.encode())
+    except (OSError, KeyError, AttributeError):
         return _NO_RUNNER
     with sock:
         message = {"argv": sys.argv, "cwd": os.getcwd(), "environ": dict(os.environ), "path": sys.path,
@@ -238,8 +238,7 @@ def _answer(listener: socket.socket, selector: Any, running: dict[int, tuple[int
     _refuse(conn, received, why)
     if why.startswith("source") and not running:  # the next command finds the code as it is now
         _log("restarting to import the changed sources")
-        idle = [] if idle_minutes is None else ["--idle-minutes", str(idle_minutes)]
-        os.execv(sys.executable, [sys.executable, "-P", "-m", "ragledger.warm_start", address, *idle])
+        os.execv(sys.executable, warm_runner.runner_command(address, idle_minutes))
 
 
 def _reap(pidfd: Any, selector: Any, running: dict[int, tuple[int, socket.socket]]) -> None:
@@ -469,5 +468,5 @@ def _exit_as_a_process_would() -> None:
     atexit._run_exitfuncs()
 
 
-if __name__ == "__main__":  # python -P -m ragledger.warm_start ADDRESS [--idle-minutes M] (ragledger/warm_runner.py)
+if __name__ == "__main__":  # ragledger/warm_runner.py runner_command
     serve(sys.argv[1], float(sys.argv[3]) if sys.argv[2:3] == ["--idle-minutes"] else None)
