@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, model_serializer
 
+from schemas.messages import pydantic_message
 from strategies.readers.base import ReaderSettings
 
 # The reader entry's settings before each reader declared its own, at their defaults then. Entries are hashed and
@@ -59,9 +60,7 @@ class ReaderEntry(BaseModel):
         except ValidationError as exc:
             err = exc.errors()[0]
             field = ".".join(str(p) for p in err["loc"] if p != "settings") or "label"
-            if err["type"] == "literal_error":  # as the spec names a value outside an enumeration
-                raise ValueError(f"{where}.{field}: {err['input']!r} is not one of {err['ctx']['expected']}") from None
-            raise ValueError(f"{where}.{field}: {err['input']!r}: {err['msg']}") from None
+            raise ValueError(f"{where}.{field}: {pydantic_message(err)}") from None
 
     def _changed(self, exclude: frozenset[str] = frozenset()) -> dict[str, Any]:
         """The settings that differ from the reader's defaults, in the reader's field order."""

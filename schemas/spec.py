@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from engines.models import DEFAULT_MODEL
+from schemas.messages import pydantic_message
 from schemas.reader_entry import ReaderEntry
 
 
@@ -53,16 +54,6 @@ class DatasetSpec(_Strict):
 LABEL_PATTERN = r"^[A-Za-z0-9_.\-]+$"
 
 
-def _message(err: Mapping[str, Any]) -> str:
-    """One pydantic error as the spec's messages say it: a value outside an enumeration (a Literal or an Enum) named
-    with the choices ("'wikipedia-xl' is not one of ..."), which pydantic's own message leaves out."""
-    if err["type"] == "extra_forbidden":
-        return "unknown field"
-    if err["type"] in ("literal_error", "enum"):
-        return f"{err['input']!r} is not one of {err['ctx']['expected']}"
-    return err["msg"].removeprefix("Value error, ")
-
-
 def _one_of(value: object, registered: Iterable[str]) -> object:
     """A registered name (core/datasets.py, strategies/retrievers/corpus.py), or the message of an enumeration."""
     names = [repr(n) for n in registered]
@@ -77,8 +68,7 @@ def _list_entry(model: type[BaseModel], value: dict, where: str) -> BaseModel:
         return model.model_validate(value)
     except ValidationError as exc:
         err = exc.errors()[0]
-        field = ".".join(str(p) for p in err["loc"])
-        raise ValueError(f"{where}.{field}: {_message(err)}") from None
+        raise ValueError(f"{where}.{'.'.join(str(p) for p in err['loc'])}: {pydantic_message(err)}") from None
 
 
 class DatasetEntry(DatasetSpec):
@@ -126,8 +116,7 @@ class ModelSpec(_Strict):
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling")
     max_tokens: int = Field(32, gt=0, le=4096, description="output tokens of a short-answer call; strategies that "
                             "write rationales or summaries set their own per call")
-    seed: int = Field(0, ge=0, le=2**63 - 1, description="request seed (sample i sends seed + i); vLLM takes 64-bit "
-                      "values only")
+    seed: int = Field(0, ge=0, le=2**63 - 1, description="request seed (sample i sends seed + i); vLLM takes 64-bit values only")
     concurrency: int = Field(4, gt=0, le=1024, description="model requests in flight at once; match the server's "
                              "batch size (vLLM --max-num-seqs)")
     timeout_s: float = Field(120.0, gt=0, description="seconds before one request is abandoned and retried")
@@ -327,7 +316,7 @@ class SweepSpec(_SpecBase):
             try:
                 self._experiment(e)
             except ValidationError as exc:
-                raise ValueError(f"dataset[{i}]: {_message(exc.errors()[0])}") from None
+                raise ValueError(f"dataset[{i}]: {pydantic_message(exc.errors()[0])}") from None
         return self
 
     def _experiment(self, entry: DatasetEntry) -> ExperimentSpec:
@@ -347,7 +336,7 @@ def _format_errors(path: str, exc: ValidationError) -> str:
     lines = []
     for err in exc.errors():
         field = ".".join(str(p) for p in err["loc"]) or "<root>"
-        lines.append(f"{path}: field '{field}': {_message(err)}")
+        lines.append(f"{path}: field '{field}': {pydantic_message(err)}")
     return "\n".join(lines)
 
 

@@ -84,6 +84,30 @@ def test_a_value_outside_a_choice_is_named_with_the_choices(patch, needle):
     assert needle in str(exc.value), str(exc.value)
 
 
+@pytest.mark.parametrize(
+    ("patch", "message"),
+    [
+        ({"dataset": {"limit": -5}}, "field 'dataset.limit': Input should be greater than 0, got -5"),
+        ({"model": {"temperature": "hot"}}, "field 'model.temperature': Input should be a valid number, unable to parse "
+                                            "string as a number, got 'hot'"),
+        ({"model": {"concurrency": 0}}, "field 'model.concurrency': Input should be greater than 0, got 0"),
+        ({"name": None}, "field 'name': Input should be a valid string, got None"),
+        ({"readers": [{"name": "sure", "candidates": -1}]},  # a reader's own settings read the same (schemas/messages.py)
+         "field 'readers': readers[0].candidates: Input should be greater than or equal to 2, got -1"),
+    ],
+)
+def test_a_value_out_of_bounds_or_of_the_wrong_type_is_named(patch, message):
+    with pytest.raises(SpecError) as exc:
+        parse_spec({**GOOD, **patch}, "spec.yaml")
+    assert str(exc.value) == f"spec.yaml: {message}"
+
+
+def test_a_missing_field_names_no_value():
+    with pytest.raises(SpecError) as exc:
+        parse_spec({"retrievers": ["bm25@5"], "readers": ["concatenation"]}, "spec.yaml")
+    assert str(exc.value) == "spec.yaml: field 'name': Field required"
+
+
 def _is_choice(annotation: object) -> bool:
     if get_origin(annotation) is Literal:
         return True
