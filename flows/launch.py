@@ -194,8 +194,8 @@ def _preload_mlflow(spec: AnySpec) -> None:
 
 
 def preflight(spec: AnySpec, say: Callable[[str], None] | None = None) -> None:
-    """Check every input before anything is written or any model is called: the corpus, the API key (then scrubbed
-    from whatever is shown: core/secrets.py), every dataset of a sweep, the MLflow URI the run would use."""
+    """Check every input before anything is written or any model is called: the API key (then scrubbed from whatever
+    is shown: core/secrets.py), every dataset of a sweep, the corpus, the MLflow URI the run would use."""
     import os
 
     from core.datasets import DatasetError, check_questions
@@ -203,8 +203,6 @@ def preflight(spec: AnySpec, say: Callable[[str], None] | None = None) -> None:
     from schemas.spec import SweepSpec
     from strategies.retrievers import parse_retriever
 
-    if any(parse_retriever(r).needs_corpus for r in spec.retrievers):
-        check_corpus(spec.corpus, say)
     if spec.model.backend == "openai":
         from engines.llm import api_key_from_env
 
@@ -219,6 +217,8 @@ def preflight(spec: AnySpec, say: Callable[[str], None] | None = None) -> None:
         except DatasetError as exc:
             where = f"dataset[{i}]" if isinstance(spec, SweepSpec) else "dataset"
             raise DatasetError(f"{where}.path: {exc}") from None
+    if any(parse_retriever(r).needs_corpus for r in spec.retrievers):  # last: a first read of a large corpus takes minutes
+        check_corpus(spec.corpus, say)
     if not spec.tracking.mlflow_uri:  # the URI the run would use instead (the spec's own is checked with the spec)
         refuse_credentials(os.environ.get("MLFLOW_TRACKING_URI"), "MLFLOW_TRACKING_URI", "MLflow reads them from "
                            "MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD (an MLflow server) or PGPASSWORD (PostgreSQL)")

@@ -104,3 +104,20 @@ def test_bad_inputs_fail_before_the_run_starts(workspace):  # noqa: F811
     with pytest.raises(DatasetError, match=r"dataset\.path"):
         launch(spec, RunOptions(spec.tracking.store), host)
     assert host.flows == 0 and not (workspace / "store").exists()
+
+
+def test_a_bad_dataset_is_told_before_the_corpus_is_read(workspace):  # noqa: F811
+    """The datasets are checked before the corpus: a first read of a large corpus (DPR's Wikipedia) takes minutes."""
+    from core.datasets import DatasetError
+    from flows.launch import preflight
+    from schemas.spec import parse_spec
+
+    corpus = workspace / "passages.jsonl"
+    corpus.write_text('{"id": "p1", "contents": "A passage."}\n')
+    raw = make_spec(workspace, "http://127.0.0.1:9/v1")
+    raw["dataset"]["path"] = str(workspace / "missing.jsonl")
+    raw["corpus"] = {"name": "jsonl", "paths": [str(corpus)]}
+    said: list[str] = []
+    with pytest.raises(DatasetError, match=r"dataset\.path"):
+        preflight(parse_spec(raw), said.append)
+    assert said == []  # nothing said of reading the corpus
