@@ -104,12 +104,15 @@ def ui(
     tracking_uri: Annotated[str | None, typer.Option(help="default: the embedded SQLite store under .ragledger/")] = None,
 ) -> None:
     """Open the MLflow UI on the embedded tracking store (127.0.0.1 only)."""
+    from ragledger.mlflow_server import without_job_runner
     from tracking.mlflow.log import resolve_tracking_uri
 
     uri = resolve_tracking_uri(tracking_uri)
     console.print(f"MLflow UI for {uri} at http://127.0.0.1:{port}  (Ctrl-C to stop)")
-    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port", str(port)]
-    raise typer.Exit(subprocess.call(cmd))
+    # one researcher's browser: one worker, not MLflow's default of four (each ~200 MB)
+    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port", str(port),
+           "--workers", "1"]
+    raise typer.Exit(subprocess.call(cmd, env=without_job_runner(dict(os.environ))))
 
 
 # indexes, retrieval-only recall, scoring predictions, the store's check, the bundled models (ragledger/cli_data.py)

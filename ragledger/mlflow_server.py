@@ -33,6 +33,13 @@ from core.processes import pid_alive, stop_process_group
 AUTH_ENV = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")  # MLflow's client variables
 
 
+def without_job_runner(env: dict[str, str]) -> dict[str, str]:
+    """A server's environment without MLflow's job runner, unless the environment asks for it. MLflow 3 starts one
+    beside every server on a database (8 processes of huey consumers, 1.7 GB of memory and seconds of CPU at start on
+    a 2-core machine; docs/operations.md) for its GenAI jobs, which ragledger never submits."""
+    return {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **env}
+
+
 class MlflowServerError(RuntimeError):
     pass
 
@@ -160,7 +167,7 @@ def start(port: int = 5001, timeout_s: float = 180.0, host: str = "127.0.0.1") -
     ensure_database(pg)
     base.mkdir(parents=True, exist_ok=True)
     url = f"http://{local_address(host)}:{port}"
-    env = {**os.environ, "MLFLOW_BACKEND_STORE_URI": pg.uri, **artifacts_env}
+    env = without_job_runner({**os.environ, "MLFLOW_BACKEND_STORE_URI": pg.uri, **artifacts_env})
     if os.environ.get("RAGLEDGER_PG_PASSWORD"):
         env["PGPASSWORD"] = os.environ["RAGLEDGER_PG_PASSWORD"]
     env.pop("RAGLEDGER_PG_PASSWORD", None)
