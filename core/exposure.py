@@ -1,4 +1,5 @@
-"""Who may reach a service ragledger starts: one rule for every starter (Prefect, MLflow, Dask).
+"""Who may reach a service ragledger starts: one rule for every starter (Prefect, MLflow, Dask); and whether its port
+is free.
 
 A service bound to the loopback interface is reachable only from this machine. Bound to any other address it is
 reachable from the network, and then it must require credentials: Prefect's API an auth string, MLflow its
@@ -37,6 +38,22 @@ def local_address(host: str) -> str:
     """The address a client on this machine uses for a service bound to `host` (a wildcard bind answers on
     loopback)."""
     return "127.0.0.1" if host in ("0.0.0.0", "::", "[::]", "") else host
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Whether another process listens on host:port, asked before a service is started there: the services say so
+    only in their logs, and MLflow's server and UI then exit 0."""
+    import errno
+    import socket
+
+    address = host.strip("[]")
+    with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind: a port in TIME_WAIT is free
+        try:
+            probe.bind((address, port))
+        except OSError as exc:
+            return exc.errno == errno.EADDRINUSE  # another failure (an address not of this machine) is the service's to tell
+    return False
 
 
 def basic_auth_header(user_and_password: str) -> str:

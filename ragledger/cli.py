@@ -104,9 +104,12 @@ def ui(
     tracking_uri: Annotated[str | None, typer.Option(help="default: the embedded SQLite store under .ragledger/")] = None,
 ) -> None:
     """Open the MLflow UI on the embedded tracking store (127.0.0.1 only)."""
+    from core.exposure import port_in_use
     from ragledger.mlflow_server import without_job_runner
     from tracking.mlflow.log import resolve_tracking_uri
 
+    if port_in_use("127.0.0.1", port):
+        fail(f"--port {port}: 127.0.0.1:{port} is in use by another process (another MLflow UI?); choose another port")
     uri = resolve_tracking_uri(tracking_uri)
     console.print(f"MLflow UI for {uri} at http://127.0.0.1:{port}  (Ctrl-C to stop)")
     # one researcher's browser: one worker, not MLflow's default of four (each ~200 MB)

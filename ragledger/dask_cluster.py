@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from core.exposure import ExposureError, local_address, require_credentials
+from core.exposure import ExposureError, local_address, port_in_use, require_credentials
 from core.processes import pid_alive, stop_process_group
 
 ROLES = ("scheduler", "worker", "client")
@@ -133,6 +133,9 @@ def start(host: str = "127.0.0.1", port: int = 8786, workers: int = 2, threads: 
     address = status()
     if address:
         return address, False
+    if port_in_use(host, port):  # its workers would join whatever listens there
+        raise DaskClusterError(f"{host}:{port} is in use by another process; choose another port "
+                               "(RAGLEDGER_DASK_PORT or --port)")
     base = cluster_dir()
     base.mkdir(parents=True, exist_ok=True)
     address = f"{'tls' if tls else 'tcp'}://{local_address(host)}:{port}"

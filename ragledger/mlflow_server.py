@@ -27,7 +27,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.exposure import ExposureError, local_address, require_credentials
+from core.exposure import ExposureError, local_address, port_in_use, require_credentials
 from core.processes import pid_alive, stop_process_group
 
 AUTH_ENV = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")  # MLflow's client variables
@@ -161,6 +161,9 @@ def start(port: int = 5001, timeout_s: float = 180.0, host: str = "127.0.0.1") -
     url = status()
     if url:
         return url, False
+    if port_in_use(host, port):
+        raise MlflowServerError(f"{host}:{port} is in use by another process; choose another port "
+                                "(RAGLEDGER_MLFLOW_PORT)")
     base = state_dir()
     artifacts, artifacts_env = _artifacts_destination(base)  # a bucket refused before anything is made
     pg = PgSettings.from_env()

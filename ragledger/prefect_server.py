@@ -28,7 +28,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from core.exposure import basic_auth_header, local_address, require_credentials
+from core.exposure import basic_auth_header, local_address, port_in_use, require_credentials
 from core.processes import die_with_parent, pid_alive, stop_child, stop_process_group
 
 STARTUP_TIMEOUT_S = float(os.environ.get("RAGLEDGER_PREFECT_STARTUP_TIMEOUT", "300"))
@@ -141,6 +141,8 @@ def start_persistent_server(port: int = 4200, host: str = "127.0.0.1") -> tuple[
         url = persistent_server_url()
         if url:
             return url, False
+        if port_in_use(host, port):
+            raise PrefectServerError(f"--port {port}: {host}:{port} is in use by another process; choose another port")
         log = home / "ragledger-server.log"
         api_url = f"http://{local_address(host)}:{port}/api"
         with open(log, "ab") as out:
