@@ -186,8 +186,9 @@ def validate_records(kind: str, df: pd.DataFrame) -> pd.DataFrame:
     earlier name (a segment written before the rename) are validated, and returned, under their name now."""
     df = current_names(df)
     schema = schema_of(kind)
-    if _has_dtypes_of(schema, df):  # coercing would change nothing, and is a third of a batch's validation
-        schema = _without_coercion(kind)
+    ready = _with_dtypes_of(schema, df)
+    if ready is not None:  # coercing every column would change nothing more, and is a third of a batch's validation
+        df, schema = ready, _without_coercion(kind)
     try:
         return schema.validate(df, lazy=True)
     except pa.errors.SchemaErrors as exc:
@@ -235,11 +236,19 @@ def schema_of(kind: str) -> pa.DataFrameSchema:
     return schema
 
 
-def _has_dtypes_of(schema: pa.DataFrameSchema, df: pd.DataFrame) -> bool:
-    """Whether every column of `schema` is in `df` with exactly the dtype coercion would give it (pandera's coercion
-    copies each column's schema and assigns the column back, even when its dtype is already the one asked for)."""
+def _with_dtypes_of(schema: pa.DataFrameSchema, df: pd.DataFrame) -> pd.DataFrame | None:
+    """`df` with each column whose dtype is not its schema's coerced as pandera's coercion coerces it (the column
+    dtype's `try_coerce`: a generation's `logprob` of Nones, an outcome's bools), the other columns as they are; None
+    when a column is missing or does not coerce, for the validation with coercion to name. pandera's own coercion
+    copies every column and assigns it back, even one already of its dtype."""
     columns = df.dtypes.to_dict()
-    return all(name in columns and columns[name] == column.dtype.type for name, column in schema.columns.items())
+    if any(name not in columns for name in schema.columns):
+        return None
+    wrong = [name for name, column in schema.columns.items() if columns[name] != column.dtype.type]
+    try:
+        return df.assign(**{name: schema.columns[name].dtype.try_coerce(df[name]) for name in wrong}) if wrong else df
+    except pa.errors.ParserError:
+        return None
 
 
 @functools.cache

@@ -60,7 +60,9 @@ def test_a_string_column_is_checked_without_failure_cases_and_validates_as_pande
         validate_records("retrievals", df.assign(event_id=["short", "x" * 32, "y" * 32]))
 
 
-def test_a_batch_of_the_schemas_dtypes_is_validated_without_coercion_and_gives_what_coercion_gives():
+def test_a_batch_is_validated_without_pandera_coercion_and_gives_what_coercion_gives():
+    """schemas/records.py `validate_records`: the columns not of their schema's dtype are coerced alone, as pandera's
+    coercion would; the batch then validates without pandera's coercion step, to the same frame."""
     import pandas as pd
     import pytest
     from pandera.backends.pandas.container import DataFrameSchemaBackend
@@ -71,19 +73,29 @@ def test_a_batch_of_the_schemas_dtypes_is_validated_without_coercion_and_gives_w
     rows = [{"event_id": f"{i:032d}", "cell": "bm25@1", "qid": f"q{i}", "retriever": "bm25@1", "rank": 1, "pid": "p",
              "score": 1.0, "title": "t", "text": "x", "text_hash": "0" * 32} for i in range(3)]
     ready = new_events("retrievals", "exp", rows)  # as a stage makes it: every column of its schema's dtype
-    needs_coercion = ready.assign(rank=ready["rank"].astype("int32"))
+    generation = {"event_id": "0" * 32, "cell": "c", "qid": "q1", "retriever": "bm25@1", "reader": "concatenation",
+                  "round": 1, "role": "answer", "call_index": 0, "sample_index": 0, "call_id": "1" * 16,
+                  "prompt_version": "v", "prompt_hash": "2" * 16, "system_prompt": "", "prompt": "p",
+                  "passage_ids": ["p1"], "output": "o", "parsed_answer": "o", "parse_status": "ok", "logprob": None,
+                  "answer_prob": None, "output_prob": None, "tokens_in": 3, "tokens_out": 1, "latency_ms": 2.0,
+                  "model": "m", "from_cache": False, "retries": 0}
+    built = new_events("generations", "exp", [generation, {**generation, "event_id": "1" * 32, "qid": "q2"}])
+    assert built["logprob"].dtype == object  # Nones, as a run without log-probabilities makes them
+    batches = [("retrievals", ready), ("retrievals", ready.assign(rank=ready["rank"].astype("int32"))),
+               ("generations", built)]
     coerced = []
     original = DataFrameSchemaBackend._coerce_dtype_helper
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(DataFrameSchemaBackend, "_coerce_dtype_helper",
                    lambda self, obj, schema: coerced.append(len(obj)) or original(self, obj, schema))
-        fast = validate_records("retrievals", ready)
+        fast = [validate_records(kind, df) for kind, df in batches]
         assert coerced == []
-        slow = validate_records("retrievals", needs_coercion)
+        with pytest.raises(RecordValidationError, match="rank"):  # a column that does not coerce: pandera's coercion names it
+            validate_records("retrievals", ready.assign(rank=["1", "one", "2"]))
         assert coerced == [3]
-    pd.testing.assert_frame_equal(fast, schema_of("retrievals").validate(ready), check_exact=True)
-    assert slow["rank"].dtype == "int64"
-    pd.testing.assert_frame_equal(slow, fast, check_exact=True)
+    for (kind, df), got in zip(batches, fast, strict=True):
+        pd.testing.assert_frame_equal(got, schema_of(kind).validate(df), check_exact=True)
+    assert fast[1]["rank"].dtype == "int64" and fast[2]["logprob"].dtype == "float64"
     # a failing check still fails on the way without coercion
     with pytest.raises(RecordValidationError, match="rank"):
         validate_records("retrievals", ready.assign(rank=[1, 0, 2]))
