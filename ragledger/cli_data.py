@@ -114,6 +114,8 @@ def eval_predictions(
         preds = json.loads(predictions.read_text(encoding="utf-8"))
     except DatasetError as exc:
         fail(str(exc))
+    except FileNotFoundError:
+        fail(f"{predictions}: file not found")
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         fail(f"{predictions}: {exc}")
     if not isinstance(preds, dict):

@@ -57,3 +57,10 @@ def test_a_flush_that_fails_at_the_exit_turns_success_into_status_120(monkeypatc
     monkeypatch.setattr(cli, "_exit_status", None)  # an uncaught exception: the usual exit, no os._exit
     cli._exit_without_teardown()
     assert statuses == []
+
+
+def test_scoring_predictions_from_a_missing_file_is_one_line(tmp_path, data_dir):
+    done = ragledger("eval-predictions", str(data_dir / "squad" / "dev-v1.1.json.gz"), str(tmp_path / "nope.json"),
+                     cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.strip() == f"error: {tmp_path / 'nope.json'}: file not found"
