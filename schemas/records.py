@@ -247,7 +247,7 @@ def _with_dtypes_of(schema: pa.DataFrameSchema, df: pd.DataFrame) -> pd.DataFram
     wrong = [name for name, column in schema.columns.items() if columns[name] != column.dtype.type]
     try:
         return df.assign(**{name: schema.columns[name].dtype.try_coerce(df[name]) for name in wrong}) if wrong else df
-    except pa.errors.ParserError:
+    except (pa.errors.ParserError, TypeError, ValueError):  # what pandera's own coercion then reports, row by row
         return None
 
 
