@@ -106,8 +106,12 @@ def ui(
     """Open the MLflow UI on the embedded tracking store (127.0.0.1 only)."""
     from core.exposure import port_in_use
     from ragledger.mlflow_server import without_job_runner
-    from tracking.mlflow.log import resolve_tracking_uri
+    from tracking.mlflow.log import given_tracking_uri, resolve_tracking_uri
 
+    server = given_tracking_uri(tracking_uri)
+    if server and server.startswith(("http://", "https://")):  # a tracking server (a lab's MLFLOW_TRACKING_URI)
+        console.print(f"MLflow UI for {server}: the server serves it; open {server} in a browser")
+        return
     if port_in_use("127.0.0.1", port):
         fail(f"--port {port}: 127.0.0.1:{port} is in use by another process (another MLflow UI?); choose another port")
     uri = resolve_tracking_uri(tracking_uri)

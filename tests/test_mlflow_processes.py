@@ -66,3 +66,12 @@ def test_the_tracking_server_runs_no_job_runner(mlflow_postgres):
     commands = group_commands(pid)  # started in a session of its own (ragledger/mlflow_server.py)
     assert any("mlflow" in c and "server" in c for c in commands), commands
     assert not [c for c in commands if any(j in c for j in JOB_RUNNER)], commands
+
+
+def test_ragledger_ui_on_a_tracking_server_names_the_servers_own_ui(tmp_path):
+    """`mlflow ui` cannot open an http(s) tracking URI (a traceback); a lab's server serves its UI itself."""
+    env = {**os.environ, "MLFLOW_TRACKING_URI": "http://127.0.0.1:9"}
+    done = subprocess.run([RAGLEDGER, "ui"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "open http://127.0.0.1:9 in a browser" in done.stdout and "Traceback" not in done.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -37,8 +37,13 @@ def default_tracking_uri(workdir: Path | None = None) -> str:
     return f"sqlite:///{(base / 'mlflow.db').resolve()}"
 
 
+def given_tracking_uri(spec_uri: str | None) -> str | None:
+    """The tracking URI the spec or the command gives, else MLflow's variable; None: the embedded default."""
+    return spec_uri or os.environ.get("MLFLOW_TRACKING_URI")
+
+
 def resolve_tracking_uri(spec_uri: str | None) -> str:
-    return spec_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri()
+    return given_tracking_uri(spec_uri) or default_tracking_uri()
 
 
 def safe_spec(spec_dict: dict) -> dict:
