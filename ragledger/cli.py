@@ -105,12 +105,14 @@ def ui(
 ) -> None:
     """Open the MLflow UI on the embedded tracking store (127.0.0.1 only)."""
     from core.exposure import port_in_use
+    from core.secrets import redact_url
     from ragledger.mlflow_server import without_job_runner
     from tracking.mlflow.log import given_tracking_uri, resolve_tracking_uri
 
     server = given_tracking_uri(tracking_uri)
     if server and server.startswith(("http://", "https://")):  # a tracking server (a lab's MLFLOW_TRACKING_URI)
-        console.print(f"MLflow UI for {server}: the server serves it; open {server} in a browser")
+        shown = redact_url(server)  # a URL's password stays off the terminal
+        console.print(f"MLflow UI for {shown}: the server serves it; open {shown} in a browser")
         return
     if port_in_use("127.0.0.1", port):
         fail(f"--port {port}: 127.0.0.1:{port} is in use by another process (another MLflow UI?); choose another port")
