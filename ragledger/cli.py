@@ -117,7 +117,7 @@ def ui(
     if port_in_use("127.0.0.1", port):
         fail(f"--port {port}: 127.0.0.1:{port} is in use by another process (another MLflow UI?); choose another port")
     uri = resolve_tracking_uri(tracking_uri)
-    console.print(f"MLflow UI for {uri} at http://127.0.0.1:{port}  (Ctrl-C to stop)")
+    console.print(f"MLflow UI for {redact_url(uri)} at http://127.0.0.1:{port}  (Ctrl-C to stop)")
     # one researcher's browser: one worker, not MLflow's default of four (each ~200 MB)
     cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port", str(port),
            "--workers", "1"]
