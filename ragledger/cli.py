@@ -105,6 +105,7 @@ def ui(
 ) -> None:
     """Open the MLflow UI on the embedded tracking store (127.0.0.1 only)."""
     from core.exposure import port_in_use
+    from core.processes import die_with_parent
     from core.secrets import redact_url
     from ragledger.mlflow_server import without_job_runner
     from tracking.mlflow.log import given_tracking_uri, resolve_tracking_uri
@@ -121,7 +122,8 @@ def ui(
     # one researcher's browser: one worker, not MLflow's default of four (each ~200 MB)
     cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port", str(port),
            "--workers", "1"]
-    raise typer.Exit(subprocess.call(cmd, env=without_job_runner(dict(os.environ))))
+    # the UI ends with this command, however it ends (killed, too): no MLflow UI left holding the port
+    raise typer.Exit(subprocess.call(cmd, env=without_job_runner(dict(os.environ)), preexec_fn=die_with_parent))
 
 
 # indexes, retrieval-only recall, scoring predictions, the store's check, the bundled models (ragledger/cli_data.py)

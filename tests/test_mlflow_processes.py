@@ -75,3 +75,21 @@ def test_ragledger_ui_on_a_tracking_server_names_the_servers_own_ui(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "open http://127.0.0.1:9 in a browser" in done.stdout and "Traceback" not in done.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_killed_ragledger_ui_takes_its_mlflow_ui_with_it(tmp_path):
+    port, log = free_port(), tmp_path / "ui.log"
+    with open(log, "w") as out:
+        ui = subprocess.Popen([RAGLEDGER, "ui", "--port", str(port), "--tracking-uri", f"sqlite:///{tmp_path}/m.db"],
+                              cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", ui, log)
+        ui.kill()  # SIGKILL: nothing of the command runs after it
+        ui.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while group_commands(ui.pid) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert group_commands(ui.pid) == []
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(ui.pid, signal.SIGTERM)
