@@ -108,10 +108,10 @@ def ui(
     from core.processes import die_with_parent
     from core.secrets import redact_url
     from ragledger.mlflow_server import without_job_runner
-    from tracking.mlflow.log import given_tracking_uri, resolve_tracking_uri
+    from tracking.mlflow.log import given_tracking_uri, is_tracking_server, resolve_tracking_uri
 
     server = given_tracking_uri(tracking_uri)
-    if server and server.startswith(("http://", "https://")):  # a tracking server (a lab's MLFLOW_TRACKING_URI)
+    if is_tracking_server(server):  # a lab's MLFLOW_TRACKING_URI, say
         shown = redact_url(server)  # a URL's password stays off the terminal
         console.print(f"MLflow UI for {shown}: the server serves it; open {shown} in a browser")
         return

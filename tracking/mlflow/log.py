@@ -46,6 +46,12 @@ def resolve_tracking_uri(spec_uri: str | None) -> str:
     return given_tracking_uri(spec_uri) or default_tracking_uri()
 
 
+def is_tracking_server(tracking_uri: str | None) -> bool:
+    """Whether the tracking URI is an MLflow server's (http(s)), not a store opened in this process (sqlite,
+    postgresql, a folder)."""
+    return bool(tracking_uri) and tracking_uri.startswith(("http://", "https://"))
+
+
 def safe_spec(spec_dict: dict) -> dict:
     """The spec as it may be shown anywhere (MLflow, manifests): URL credentials redacted."""
     safe = json.loads(json.dumps(spec_dict))
@@ -99,7 +105,7 @@ def check_reachable(tracking_uri: str, timeout_s: float = 5.0) -> None:
     import urllib.error
     import urllib.request
 
-    if not tracking_uri.startswith(("http://", "https://")):
+    if not is_tracking_server(tracking_uri):
         return
     try:
         with urllib.request.urlopen(f"{tracking_uri.rstrip('/')}/health", timeout=timeout_s):
@@ -126,7 +132,7 @@ def check_credentials(tracking_uri: str, timeout_s: float = 5.0) -> None:
 
     from core.exposure import basic_auth_header
 
-    if not tracking_uri.startswith(("http://", "https://")):
+    if not is_tracking_server(tracking_uri):
         return
     request = urllib.request.Request(f"{tracking_uri.rstrip('/')}/api/2.0/mlflow/experiments/search?max_results=1")
     user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
