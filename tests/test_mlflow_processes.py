@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 from tests.servers import free_port
@@ -40,24 +41,31 @@ def wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout_s: float =
         time.sleep(0.5)
 
 
-def test_ragledger_ui_runs_one_worker_and_no_job_runner(tmp_path):
+@contextlib.contextmanager
+def ragledger_ui(tmp_path: Path, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
+    """`ragledger ui` on a new SQLite store, in a session of its own, once it answers; its process group ended after."""
     port, log = free_port(), tmp_path / "ui.log"
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"}
     with open(log, "w") as out:
         ui = subprocess.Popen([RAGLEDGER, "ui", "--port", str(port), "--tracking-uri", f"sqlite:///{tmp_path}/m.db"],
                               cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_healthy(f"http://127.0.0.1:{port}", ui, log)
+        yield ui
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(ui.pid, signal.SIGTERM)
+        ui.wait(timeout=30)
+
+
+def test_ragledger_ui_runs_one_worker_and_no_job_runner(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"}
+    with ragledger_ui(tmp_path, env) as ui:
         time.sleep(3)  # MLflow starts its job runner after the server answers
         commands = group_commands(ui.pid)
         assert not [c for c in commands if any(j in c for j in JOB_RUNNER)], commands
         servers = [c for c in commands if "uvicorn" in c]
         assert len(servers) == 1 and "--workers 1 " in servers[0], commands
         assert not [c for c in commands if "spawn_main" in c], commands  # one worker: uvicorn serves in its own process
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(ui.pid, signal.SIGTERM)
-        ui.wait(timeout=30)
 
 
 def test_the_tracking_server_runs_no_job_runner(mlflow_postgres):
@@ -78,18 +86,10 @@ def test_ragledger_ui_on_a_tracking_server_names_the_servers_own_ui(tmp_path):
 
 
 def test_a_killed_ragledger_ui_takes_its_mlflow_ui_with_it(tmp_path):
-    port, log = free_port(), tmp_path / "ui.log"
-    with open(log, "w") as out:
-        ui = subprocess.Popen([RAGLEDGER, "ui", "--port", str(port), "--tracking-uri", f"sqlite:///{tmp_path}/m.db"],
-                              cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        wait_healthy(f"http://127.0.0.1:{port}", ui, log)
+    with ragledger_ui(tmp_path) as ui:
         ui.kill()  # SIGKILL: nothing of the command runs after it
         ui.wait(timeout=30)
         deadline = time.monotonic() + 30
         while group_commands(ui.pid) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert group_commands(ui.pid) == []
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(ui.pid, signal.SIGTERM)
