@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from ragledger import recorder
 
 
@@ -40,3 +42,25 @@ def test_a_recorder_takes_its_directorys_recordings_oldest_first_and_drops_what_
     assert [path for path, _ in recorder._queued_here(str(here))] == [first, at_a_url, second]
     assert not any(p.exists() for p in gone) and other.exists()  # the other directory's store is not looked for here
     assert being_written.exists()
+
+
+YIELD_AND_SAY = ("import os; from ragledger.recorder import _yield_the_cores; _yield_the_cores(); "
+                 "print(os.sched_getscheduler(0) == os.SCHED_IDLE, open('/proc/self/autogroup').read().split()[-1])")
+
+
+@pytest.mark.skipif(not Path("/proc/self/autogroup").exists(), reason="no autogroup scheduling on this kernel")
+def test_a_recorder_in_a_session_of_its_own_gives_its_sessions_cpu_share_away():
+    """Linux gives each session's autogroup an equal share of the CPU, so SCHED_IDLE alone left a recorder (a session
+    of its own) half the cores beside the user's next run; its autogroup goes to niceness 19. A process of the
+    user's own session leaves the session's autogroup alone: the user's other commands share it."""
+    import subprocess
+    import sys
+
+    def child(new_session: bool) -> list[str]:
+        out = subprocess.run([sys.executable, "-c", YIELD_AND_SAY], capture_output=True, text=True, check=True,
+                             start_new_session=new_session).stdout
+        return out.split()
+
+    own_nice = Path("/proc/self/autogroup").read_text().split()[-1]
+    assert child(new_session=True) == ["True", "19"]
+    assert child(new_session=False) == ["True", own_nice]
