@@ -61,6 +61,10 @@ def test_a_recorder_in_a_session_of_its_own_gives_its_sessions_cpu_share_away():
                              start_new_session=new_session).stdout
         return out.split()
 
+    may_lower = subprocess.run([sys.executable, "-c", "open('/proc/self/autogroup', 'w').write('19')"],
+                               capture_output=True, start_new_session=True)
+    if may_lower.returncode:  # a /proc mounted read-only (a container): the recorder goes on without it
+        pytest.skip("this machine refuses a process its autogroup's niceness")
     own_nice = Path("/proc/self/autogroup").read_text().split()[-1]
     assert child(new_session=True) == ["True", "19"]
     assert child(new_session=False) == ["True", own_nice]
