@@ -204,9 +204,8 @@ def _yield_the_cores() -> None:
 
     A recorder has a session of its own (`start_recorder`), and Linux's autogroup scheduling (on by default, e.g.
     Debian's and Ubuntu's kernels) gives each session an equal share of the CPU whatever the policy or niceness of its
-    processes: so its session's autogroup is made the lowest priority too. Two busy SCHED_IDLE processes of sessions
-    of their own made a 20-question run beside them take 5.1-5.3 s instead of 2.0-2.3 s on 2 cores; at autogroup
-    niceness 19, 2.1-2.3 s (docs/performance.md)."""
+    processes: so its session's autogroup is made the lowest priority too (what it costs a run otherwise:
+    docs/performance.md, "The fixed cost of a small run")."""
     try:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     except (AttributeError, OSError):
