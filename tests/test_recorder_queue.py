@@ -45,14 +45,13 @@ def test_a_recorder_takes_its_directorys_recordings_oldest_first_and_drops_what_
 
 
 YIELD_AND_SAY = ("import os; from ragledger.recorder import _yield_the_cores; _yield_the_cores(); "
-                 "print(os.sched_getscheduler(0) == os.SCHED_IDLE, (open('/proc/self/autogroup').read().split() "
-                 "or ['none'])[-1])")
+                 "print(os.sched_getscheduler(0) == os.SCHED_IDLE); print(open('/proc/self/autogroup').read())")
 
 
-def autogroup_nice() -> str | None:
-    """This process's autogroup niceness; None where it is in no autogroup: Linux prints nothing there, as when a
-    container's CPU cgroup, not the autogroup, shares out the CPU."""
-    words = Path("/proc/self/autogroup").read_text().split()
+def autogroup_nice(autogroup: str) -> str | None:
+    """The niceness in a /proc/<pid>/autogroup text; None where the process is in no autogroup: Linux prints nothing
+    there, as when a container's CPU cgroup, not the autogroup, shares out the CPU."""
+    words = autogroup.split()
     return words[-1] if words else None
 
 
@@ -64,17 +63,18 @@ def test_a_recorder_in_a_session_of_its_own_gives_its_sessions_cpu_share_away():
     import subprocess
     import sys
 
-    def child(new_session: bool) -> list[str]:
+    def child(new_session: bool) -> tuple[str, str | None]:
         out = subprocess.run([sys.executable, "-c", YIELD_AND_SAY], capture_output=True, text=True, check=True,
                              start_new_session=new_session).stdout
-        return out.split()
+        idle, _, autogroup = out.partition("\n")
+        return idle, autogroup_nice(autogroup)
 
     may_lower = subprocess.run([sys.executable, "-c", "open('/proc/self/autogroup', 'w').write('19')"],
                                capture_output=True, start_new_session=True)
     if may_lower.returncode:  # a /proc mounted read-only (a container): the recorder goes on without it
         pytest.skip("this machine refuses a process its autogroup's niceness")
-    own_nice = autogroup_nice()
+    own_nice = autogroup_nice(Path("/proc/self/autogroup").read_text())
     if own_nice is None:
         pytest.skip("this process is in no autogroup (its cgroup shares out the CPU): nothing to give away")
-    assert child(new_session=True) == ["True", "19"]
-    assert child(new_session=False) == ["True", own_nice]
+    assert child(new_session=True) == ("True", "19")
+    assert child(new_session=False) == ("True", own_nice)
