@@ -6,9 +6,10 @@ Typer app by `register(app)` so ragledger/cli.py stays small.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -17,7 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ragledger.cli_common import DEFAULT_STORE, checked_store, console, err, fail
+from ragledger.cli_common import DEFAULT_STORE, checked_store, console, err, fail, output_file
 from ragledger.cli_share import MlflowPullOpt, over_records
 
 FORMATS = ("table", "csv", "json", "parquet")
@@ -25,7 +26,8 @@ ERROR_TYPE_HELP = "correct, lucky_guess, retrieval_failure, extraction_error, ha
 
 StoreOpt = Annotated[str, typer.Option("--store", help="event store directory")]
 FormatOpt = Annotated[str, typer.Option("--format", help="table | csv | json | parquet (parquet needs --output)")]
-OutputOpt = Annotated[Path | None, typer.Option("--output", "-o", help="write the result to this file")]
+OutputOpt = Annotated[Path | None, typer.Option("--output", "-o", callback=output_file,
+                                                help="write the result to this file (in a folder that exists)")]
 
 
 def emit(df, fmt: str, output: Path | None = None, title: str | None = None, max_width: int = 60) -> None:
@@ -37,7 +39,8 @@ def emit(df, fmt: str, output: Path | None = None, title: str | None = None, max
     if fmt == "parquet":
         if output is None:
             fail("--format parquet needs --output FILE")
-        df.to_parquet(output, index=False)
+        with _writing(output):
+            df.to_parquet(output, index=False)
         err.print(f"{len(df)} row(s) written to {output}")
         return
     if fmt == "csv":
@@ -59,16 +62,30 @@ def emit(df, fmt: str, output: Path | None = None, title: str | None = None, max
                     cells.append(escape(str(v)))
             table.add_row(*cells)
         if output is not None:
-            with Console(file=output.open("w", encoding="utf-8"), width=200) as c:  # type: ignore[attr-defined]
-                c.print(table)
+            with _writing(output), output.open("w", encoding="utf-8") as fh:
+                Console(file=fh, width=200).print(table)
         else:
             console.print(table)
             console.print(f"{len(df)} row(s)", style="dim")
         return
     if output is not None:
-        output.write_text(text, encoding="utf-8")
+        with _writing(output):
+            output.write_text(text, encoding="utf-8")
     else:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
+
+
+@contextlib.contextmanager
+def _writing(output: Path) -> Iterator[None]:
+    """A write to --output that fails after its check (the disk full, the folder removed meanwhile) is one error
+    line too, and a file it had begun is removed."""
+    existed = output.exists()
+    try:
+        yield
+    except OSError as exc:
+        if not existed:
+            output.unlink(missing_ok=True)
+        fail(f"--output: cannot write {output}: {exc.strerror or exc}")
 
 
 @over_records

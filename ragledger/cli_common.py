@@ -1,12 +1,14 @@
-"""What every `ragledger` command module shares: the two consoles, the one-line error exit, the user-error classes
-and the stage progress bars. Every ragledger/cli*.py module imports it; it imports none of them."""
+"""What every `ragledger` command module shares: the two consoles, the one-line error exit, the check of a file to
+write, the user-error classes and the stage progress bars. Every ragledger/cli*.py module imports it; it imports none of them."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, NoReturn
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal, NoReturn
 
 import typer
 from rich.console import Console
@@ -52,6 +54,27 @@ def checked_store(store: str, creating: bool = False, writing: bool = False) -> 
     except (NotAStoreError, StorageError) as exc:
         fail(str(exc))
     return root
+
+
+def output_file(param: typer.CallbackParam, value: Path | None) -> Path | None:
+    """Typer callback for an option naming a file the command writes (`--output`): checked while the options are
+    parsed, so before the command reads or computes anything (ragledger/locations.py), one error line naming the
+    option and the path otherwise. Its folder must exist: a mistyped folder is not made to hide the output in."""
+    if value is not None:
+        path = Path(os.path.abspath(value.expanduser()))
+        if not path.parent.exists():
+            fail(f"{param.opts[0]}: cannot create {path}: folder {path.parent} does not exist")
+        _check(param.opts[0], path, "file")
+    return value
+
+
+def _check(option: str, path: Path, kind: Literal["dir", "file"]) -> None:
+    from ragledger.locations import Location, LocationError, check_location
+
+    try:
+        check_location(Location(option, path, kind))
+    except LocationError as exc:
+        fail(str(exc))
 
 
 def user_errors() -> tuple[type[BaseException], ...]:

@@ -94,6 +94,28 @@ def test_query_formats(store, tmp_path):
     assert r.exit_code == 2 and "--output" in r.output
 
 
+def one_error_line(output: str) -> str:
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), output
+    return lines[0]
+
+
+@pytest.mark.parametrize("fmt", ["table", "csv", "json", "parquet"])
+def test_an_output_that_cannot_be_written_is_one_error_line_before_any_work(store, tmp_path, fmt):
+    """--output in a folder that does not exist, or naming a folder: one error line naming it, exit 2, asked before
+    the store is read (an unknown experiment is not even looked up) and with nothing created."""
+    root, _ = store
+    target = tmp_path / "nodir" / f"x.{fmt}"
+    missing = f"error: --output: cannot create {target}: folder {target.parent} does not exist"
+    r = cli("query", "SELECT cell FROM outcomes", "--store", root, "--format", fmt, "-o", target)
+    assert r.exit_code == 2 and one_error_line(r.output) == missing
+    assert not target.parent.exists()
+    r = cli("errors", "nope", "--store", root, "--format", fmt, "--output", tmp_path)
+    assert r.exit_code == 2 and one_error_line(r.output) == f"error: --output: {tmp_path} is a directory, not a file"
+    r = cli("leaderboard", "--store", root, "--format", fmt, "-o", target)
+    assert r.exit_code == 2 and one_error_line(r.output) == missing
+
+
 def test_errors_filters(store):
     root, _ = store
     r = cli("errors", EXP, "--store", root, "--format", "json")
