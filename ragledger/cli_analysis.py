@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ragledger.cli_common import DEFAULT_STORE, checked_store, console, err, fail, output_file
+from ragledger.cli_common import DEFAULT_STORE, checked_store, console, err, fail, output_file, output_folder
 from ragledger.cli_share import MlflowPullOpt, over_records
 
 FORMATS = ("table", "csv", "json", "parquet")
@@ -180,7 +180,8 @@ def hardest_cmd(
 def analyze_cmd(
     experiment: Annotated[str, typer.Argument(help="experiment name")],
     store: StoreOpt = DEFAULT_STORE,
-    out: Annotated[Path | None, typer.Option(help="also keep the files here (default <store>/analysis/<experiment>)")] = None,
+    out: Annotated[Path | None, typer.Option(help="also keep the files here (default <store>/analysis/<experiment>)",
+                                             callback=output_folder)] = None,
     eor: Annotated[bool, typer.Option(help="fit and evaluate EoR (seed 002) over the retriever-cells")] = True,
     mlflow: Annotated[bool, typer.Option(help="log to the MLflow parent run of the latest execution")] = True,
     metric: Annotated[str, typer.Option(help="correctness for RWR/MRLR: em, or semantic (the BEM stand-in)")] = "em",

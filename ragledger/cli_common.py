@@ -1,5 +1,6 @@
-"""What every `ragledger` command module shares: the two consoles, the one-line error exit, the check of a file to
-write, the user-error classes and the stage progress bars. Every ragledger/cli*.py module imports it; it imports none of them."""
+"""What every `ragledger` command module shares: the two consoles, the one-line error exit, the checks of a file or
+folder to write, the user-error classes and the stage progress bars. Every ragledger/cli*.py module imports it; it
+imports none of them."""
 
 from __future__ import annotations
 
@@ -65,6 +66,14 @@ def output_file(param: typer.CallbackParam, value: Path | None) -> Path | None:
         if not path.parent.exists():
             fail(f"{param.opts[0]}: cannot create {path}: folder {path.parent} does not exist")
         _check(param.opts[0], path, "file")
+    return value
+
+
+def output_folder(param: typer.CallbackParam, value: Path | None) -> Path | None:
+    """Typer callback for an option naming a folder the command writes files into (`analyze --out`): a writable
+    folder, or one that can be made there (the command makes it), checked like `output_file`."""
+    if value is not None:
+        _check(param.opts[0], value, "dir")
     return value
 
 

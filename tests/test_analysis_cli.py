@@ -218,6 +218,12 @@ def test_analyze_command_runs_the_flow_and_prints_tables(store, prefect_harness)
     assert (root / "analysis" / EXP / "report.html").exists()
     r = CliRunner().invoke(app, ["analyze", "missing", "--store", str(root), "--no-mlflow"])
     assert r.exit_code == 2 and "no outcome records" in r.output
+    kept = root.parent / "afile.txt"  # --out naming a file: one line before anything is computed or written
+    kept.write_text("keep")
+    (root / "analysis" / EXP / "report.html").unlink()
+    r = CliRunner().invoke(app, ["analyze", EXP, "--store", str(root), "--out", str(kept), "--no-eor", "--no-mlflow"])
+    assert r.exit_code == 2 and one_error_line(r.output) == f"error: --out: {kept} is a file, not a directory"
+    assert kept.read_text() == "keep" and not (root / "analysis" / EXP / "report.html").exists()
 
 
 def test_resolve_cell_by_words():
