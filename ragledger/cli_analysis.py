@@ -100,10 +100,16 @@ def query_cmd(
     """Run SQL (DuckDB) over the event store's views."""
     import duckdb
 
+    from schemas.kinds import RECORD_KINDS
     from tracking.store.ledger import Ledger
 
+    ledger = Ledger(store)
+    # a mistyped --experiment gave empty views, so an empty table and exit 0; one with records of any kind is queried
+    # (a run stopped before its outcomes still has questions and retrievals)
+    if experiment and not any(ledger.store.segments(kind, experiment) for kind in RECORD_KINDS):
+        raise ledger.no_outcomes(experiment)  # one line, worded as errors, hardest and analyze word it
     try:
-        df = Ledger(store).sql(sql, experiment)
+        df = ledger.sql(sql, experiment)
     except duckdb.Error as exc:
         fail(f"SQL: {str(exc).splitlines()[0]}")
     emit(df, fmt, output)

@@ -248,6 +248,9 @@ def test_query_can_be_limited_to_one_experiment(store):
     assert r.output.splitlines()[1] == "5"
     r = cli("query", "SELECT count(*) AS n FROM questions", "--store", root, "--format", "csv", "--experiment", "other")
     assert r.output.splitlines()[1] == "1"
+    r = cli("query", "SELECT * FROM outcomes", "--store", root, "--experiment", "othr")  # no such experiment
+    assert r.exit_code == 2
+    assert one_error_line(r.output) == f"error: experiment 'othr': no outcome records under {root / 'outcomes' / 'othr'}"
 
 
 def build_outcome_store(root, experiment, correct: dict[tuple[str, str], list[int]]) -> None:
