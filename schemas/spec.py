@@ -12,7 +12,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from engines.models import DEFAULT_MODEL
-from schemas.messages import pydantic_message
+from schemas.messages import field_errors, pydantic_message
 from schemas.reader_entry import ReaderEntry
 
 
@@ -333,11 +333,8 @@ AnySpec = ExperimentSpec | SweepSpec
 
 
 def _format_errors(path: str, exc: ValidationError) -> str:
-    lines = []
-    for err in exc.errors():
-        field = ".".join(str(p) for p in err["loc"]) or "<root>"
-        lines.append(f"{path}: field '{field}': {pydantic_message(err)}")
-    return "\n".join(lines)
+    """Every error of the spec on one line, the file named once (the command's error is one line)."""
+    return f"{path}: {'; '.join(field_errors(exc.errors()))}"
 
 
 def parse_spec(data: object, source: str = "<spec>") -> AnySpec:

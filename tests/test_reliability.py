@@ -136,6 +136,11 @@ BAD_INPUTS = {
     "missing API key variable": ("spec_patch", {"model": {"backend": "openai", "base_url": "http://x/v1",
                                                           "api_key_env": "RAGLEDGER_TEST_NO_SUCH_KEY"}},
                                  "RAGLEDGER_TEST_NO_SUCH_KEY"),
+    "two bad values": ("spec_patch", {"dataset": {"name": "jsonl", "path": "q.jsonl", "limit": -3},
+                                      "model": {"backend": "openai", "base_url": "http://x/v1", "max_tokens": 99999}},
+                       "field 'dataset.limit': Input should be greater than 0, got -3; field 'model.max_tokens'"),
+    "a typo of a required field": ("spec_patch", {"retrievers": None, "retriever": ["bm25@3"]},  # None: left out
+                                   "field 'retriever': unknown field (did you mean 'retrievers'?)"),
 }
 
 
@@ -149,7 +154,7 @@ def test_bad_input_is_one_clear_error_and_writes_nothing(tmp_path, case):
     elif kind == "spec_patch":
         spec = yaml.safe_load(spec_path.read_text())
         spec.update(payload)
-        spec_path.write_text(yaml.safe_dump(spec))
+        spec_path.write_text(yaml.safe_dump({k: v for k, v in spec.items() if v is not None}))
     elif kind == "questions":
         (tmp_path / "questions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in payload))
     elif kind == "questions_bytes":
@@ -158,6 +163,7 @@ def test_bad_input_is_one_clear_error_and_writes_nothing(tmp_path, case):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     error_lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
     assert len(error_lines) == 1 and needle in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == error_lines[0], proc.stderr  # no line of it after the error line
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / ".ragledger").exists()  # nothing written: no store, no MLflow, no Prefect home
     print(f"{case}: {error_lines[0]}")

@@ -108,6 +108,36 @@ def test_a_missing_field_names_no_value():
     assert str(exc.value) == "spec.yaml: field 'name': Field required"
 
 
+@pytest.mark.parametrize(
+    ("patch", "message"),
+    [
+        ({"dataset": {"limit": -3}, "model": {"max_tokens": 99999}},
+         "field 'dataset.limit': Input should be greater than 0, got -3; "
+         "field 'model.max_tokens': Input should be less than or equal to 4096, got 99999"),
+        ({"readers": [{"name": "sure", "candidates": "3x"}], "model": {"temperature": "hot"}},
+         "field 'readers': readers[0].candidates: Input should be a valid integer, unable to parse string as an "
+         "integer, got '3x'; field 'model.temperature': Input should be a valid number, unable to parse string as a "
+         "number, got 'hot'"),
+    ],
+)
+def test_every_error_of_a_spec_is_named_on_one_line(patch, message):
+    """The command's promise is one `error:` line: several bad values are all named on it, the file once."""
+    with pytest.raises(SpecError) as exc:
+        parse_spec({**GOOD, **patch}, "spec.yaml")
+    assert str(exc.value) == f"spec.yaml: {message}"
+
+
+def test_a_typo_of_a_required_field_is_one_error_naming_the_field_meant():
+    """`retriever:` for `retrievers:` is one mistake: an unknown field beside a missing one it resembles."""
+    spec = {k: v for k, v in GOOD.items() if k != "retrievers"}
+    with pytest.raises(SpecError) as exc:
+        parse_spec({**spec, "retriever": ["bm25@3"]}, "spec.yaml")
+    assert str(exc.value) == "spec.yaml: field 'retriever': unknown field (did you mean 'retrievers'?)"
+    with pytest.raises(SpecError) as exc:  # unlike any missing field: both named, on one line
+        parse_spec({**spec, "colour": "red"}, "spec.yaml")
+    assert str(exc.value) == "spec.yaml: field 'retrievers': Field required; field 'colour': unknown field"
+
+
 def _is_choice(annotation: object) -> bool:
     if get_origin(annotation) is Literal:
         return True
