@@ -33,7 +33,7 @@ from tasks.stage_runs import is_kept
 from tasks.stages import RunContext, Stage
 from tracking.mlflow.log import preload as preload_mlflow
 from tracking.mlflow.log import resolve_tracking_uri
-from tracking.mlflow.sync import MlflowLoggingPending, note_recording, publish, sync
+from tracking.mlflow.sync import MlflowLoggingPending, note_recording, publish, recordings_queued, sync
 from tracking.store.compaction import compact_experiment
 from tracking.store.events import EventStore
 
@@ -47,7 +47,7 @@ def log_to_mlflow(store_root: str, manifest: str, record: dict[str, Any], tracki
         record = publish(store_root, Path(manifest), record, tracking_uri)
     except MlflowLoggingPending as exc:
         return {"pending": str(exc), "synced": []}
-    synced = sync(store_root, tracking_uri, only_uri=tracking_uri)
+    synced = sync(store_root, tracking_uri, only_uri=tracking_uri, leave=recordings_queued())
     s = record["summary"]
     return {"parent": s["mlflow_parent_run_id"], "cells": s["mlflow_cell_run_ids"], "experiment_id": s["mlflow_experiment_id"],
             "pending": None, "synced": [e["execution"] for e in synced.logged]}
@@ -92,9 +92,11 @@ def flow_run_ids() -> tuple[str | None, str | None]:
 
 
 @task(name="log-to-mlflow")
-def log_pending_to_mlflow(store_root: str, tracking_uri: str) -> list[str]:
-    """Log the store's pending executions for this tracking URI (tracking/mlflow/sync.py): the executions logged."""
-    return [e["execution"] for e in sync(store_root, tracking_uri, only_uri=tracking_uri).logged]
+def log_pending_to_mlflow(store_root: str, tracking_uri: str, execution: str) -> list[str]:
+    """Log the store's pending executions for this tracking URI (tracking/mlflow/sync.py), `execution` (the one
+    recorded) among them, the others whose recording is queued left to it: the executions logged."""
+    leave = recordings_queued() - {execution}
+    return [e["execution"] for e in sync(store_root, tracking_uri, only_uri=tracking_uri, leave=leave).logged]
 
 
 def record_in_prefect(spec: ExperimentSpec, store_root: str, manifest: str, give_way: Callable[[], None]) -> list[str]:
@@ -124,7 +126,7 @@ def recorded_flow(spec: ExperimentSpec, store_root: str, manifest: str) -> list[
     done = execute(the_plan, questions, run, None, accounting, StageClock(), tasks, persisted_or_kept)
     give_way()
     note_recording(store_root, Path(manifest), flow_run_ids(), recall_curve_files(done.execution))
-    logged = log_pending_to_mlflow(store_root, resolve_tracking_uri(spec.tracking.mlflow_uri))
+    logged = log_pending_to_mlflow(store_root, resolve_tracking_uri(spec.tracking.mlflow_uri), Path(manifest).stem)
     if spec.tracking.compact:  # left by the run (flows/direct.py): its segments become one pack per kind
         give_way()
         compact_experiment(EventStore(store_root), spec.name)

@@ -80,7 +80,6 @@ def _give_way_to_runs() -> None:
         _wait_for_quiet()
 
 
-RECORDINGS = "recordings"  # the queue, under the cache home
 STALE_AFTER_S = 7 * 24 * 3600  # a recording queued this long ago (its recorders all failed or were killed) is dropped
 
 
@@ -91,6 +90,7 @@ def start_recorder(store_root: str, tracking_uri: str, manifest: str | None = No
     MLflow only (a cached answer's, flows/launch.py)."""
     import ragledger.runlog as runlog
     from core.atomic import atomic_write_text
+    from tracking.mlflow.sync import RECORDINGS
 
     job = {"store_root": store_root, "tracking_uri": tracking_uri, "manifest": manifest, "spec_json": spec_json,
            "cwd": os.getcwd()}
@@ -142,6 +142,8 @@ def _here() -> str | None:
 def _queued_here(here: str) -> list[tuple[Path, dict]]:
     """The recordings queued from the working directory `here`, oldest first; one stale, unreadable or with nothing
     left to record (of any directory) is dropped."""
+    from tracking.mlflow.sync import RECORDINGS
+
     jobs = []
     # <time_ns>-<pid>.json: not a recording being written (core/atomic.py, `.tmp-...`)
     for path in sorted(_in_cache_home(RECORDINGS).glob("[0-9]*-[0-9]*.json"), key=lambda p: int(p.stem.split("-")[0])):
@@ -188,11 +190,14 @@ def _record_one(job: dict, prefect: _PrefectApi) -> None:
     """A run's Prefect flow run (the Prefect API entered into `prefect` the first time: one for the whole queue),
     then the MLflow logging of its store's pending executions for its tracking URI, tried even when Prefect fails.
     Without a manifest: the logging only."""
-    from tracking.mlflow.sync import sync
+    from tracking.mlflow.sync import recordings_queued, sync
 
+    own = Path(job["manifest"]).stem if job.get("manifest") else None
     if job.get("manifest") and job.get("spec_json"):
         _record_flow_run(job["store_root"], job["manifest"], job["spec_json"], prefect)
-    result = sync(job["store_root"], job["tracking_uri"], only_uri=job["tracking_uri"])  # the run's: logged already
+    # the run's own execution is logged already; those queued behind it are left to their own recordings
+    result = sync(job["store_root"], job["tracking_uri"], only_uri=job["tracking_uri"],
+                  leave=recordings_queued() - {own})
     for pending in result.pending:
         log.error("MLflow logging of %s still pending (`ragledger sync` logs it): %s", pending["execution"],
                   pending["error"])

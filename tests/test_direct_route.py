@@ -129,9 +129,9 @@ def test_runs_one_after_another_are_recorded_by_one_recorder(workspace, prefect_
     with ScriptedServer(answer=answer_from_context) as server, open(cache_home() / "recorder.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a recorder still recording an earlier run: both runs queue behind it
         summaries = []
-        for name in ("first", "second"):
+        for name in ("first", "second"):  # into one store: the first's logging leaves the second to its recording
             raw = make_spec(workspace, server.base_url, readers=("concatenation",))
-            raw["name"], raw["tracking"]["store"] = name, str(workspace / name)
+            raw["name"] = name
             spec = parse_spec(raw)
             summaries.append(launch(spec, RunOptions(spec.tracking.store, record_after=True), RecordingHost()))
         assert all(manifest_of(s)["summary"]["flow_run_id"] is None for s in summaries)

@@ -11,6 +11,9 @@
   held skips that execution (its holder is logging it).
 - `sync(..., everything=True)` logs every manifest in the store that has no runs at the URI: a lost or new MLflow
   database is rebuilt from the store.
+- An execution whose recording is queued (ragledger/recorder.py) is left to its recorder by the loggings a run or
+  another recording makes on the side (`leave=recordings_queued()`): the recorder notes the flow run and the recall
+  curve on the manifest before it logs, and an execution logged already is not noted again. `ragledger sync` logs it.
 """
 
 from __future__ import annotations
@@ -18,16 +21,32 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from core.diskfull import write_text_atomically
+from core.paths import cache_home
 from core.secrets import redact_url
 from tracking.mlflow.runs import already_logged, log_execution
 
 PENDING_DIR = "mlflow-pending"
+RECORDINGS = "recordings"  # the recorders' queue under the cache home (ragledger/recorder.py): <time_ns>-<pid>.json
+
+
+def recordings_queued() -> set[str]:
+    """The executions (their manifests' names) whose recording is queued for a recorder (ragledger/recorder.py)."""
+    queue = cache_home() / RECORDINGS
+    names = set()
+    for path in queue.glob("[0-9]*-[0-9]*.json") if queue.is_dir() else []:
+        try:
+            manifest = json.loads(path.read_text(encoding="utf-8")).get("manifest")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if manifest:
+            names.add(Path(manifest).stem)
+    return names
 
 
 class MlflowLoggingPending(ConnectionError):
@@ -149,12 +168,15 @@ def _write_pending(marker: Path, manifest: Path, record: dict[str, Any], trackin
 
 
 def sync(store_root: str | Path, tracking_uri: str | None = None, only_uri: str | None = None,
-         everything: bool = False, log=None) -> SyncResult:
+         everything: bool = False, log=None, leave: Collection[str] = ()) -> SyncResult:
     """Log the store's pending executions to MLflow (to `tracking_uri`, else each marker's own URI; with `only_uri`,
-    only the markers for that URI). `everything`: also every manifest whose execution has no runs at the URI."""
+    only the markers for that URI), except the executions named in `leave`. `everything`: also every manifest whose
+    execution has no runs at the URI."""
     result = SyncResult()
     work: list[tuple[str, str, Path, str | None]] = []  # (experiment, execution, manifest, marker's URI)
     for marker in pending_markers(store_root):
+        if marker.stem in leave:
+            continue
         try:
             data = json.loads(marker.read_text())
         except (OSError, ValueError):
