@@ -39,6 +39,7 @@ class RunOptions:
     # the run's Prefect flow run and MLflow logging may be made after its answer, by a process of its own
     # (flows/direct.py): `ragledger run` unless --foreground; not `ragledger.run`, whose result names the MLflow run
     record_after: bool = False
+    source: str | None = None  # the name the spec's errors go by (its file), which begins an input's error
 
 
 class Host(Protocol):
@@ -66,7 +67,7 @@ def launch(spec: AnySpec, options: RunOptions, host: Host) -> dict[str, Any]:
         from flows.head_start import started_ahead_of_a_first_run
 
         started_ahead_of_a_first_run(spec, options.store_root, options.base_url)  # type: ignore[arg-type]
-    preflight(spec, host.say)
+    preflight(spec, host.say, options.source)
     from tracking.store.remote import pushed
 
     # a store at an s3:// URL: manifests, packs, catalog, calls (none for a folder); the segments too when no worker
@@ -193,24 +194,46 @@ def _preload_mlflow(spec: AnySpec) -> None:
                      name="ragledger-mlflow-preload").start()
 
 
-def preflight(spec: AnySpec, say: Callable[[str], None] | None = None) -> None:
+def preflight(spec: AnySpec, say: Callable[[str], None] | None = None, source: str | None = None) -> None:
     """Check every input before anything is written or any model is called: the API key (then scrubbed from whatever
-    is shown: core/secrets.py), every dataset of a sweep, the corpus, the MLflow URI the run would use."""
+    is shown: core/secrets.py), the embedded model, every dataset of a sweep, the corpus, the MLflow URI the run would
+    use. An error of the spec's inputs names the field, after `source` (the spec's file) when given."""
     import os
 
-    from core.datasets import DatasetError, check_questions
+    from core.datasets import DatasetError
     from core.secrets import mark_secret_env, refuse_credentials
+    from engines.llm_types import BackendError
+    from engines.models import ModelFetchError
+
+    try:
+        _check_spec_inputs(spec, say)
+    except (BackendError, ModelFetchError, DatasetError) as exc:  # DatasetError: a corpus's CorpusError too
+        if source is None:
+            raise
+        raise type(exc)(f"{source}: {exc}") from None
+    if not spec.tracking.mlflow_uri:  # the URI the run would use instead (the spec's own is checked with the spec)
+        refuse_credentials(os.environ.get("MLFLOW_TRACKING_URI"), "MLFLOW_TRACKING_URI", "MLflow reads them from "
+                           "MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD (an MLflow server) or PGPASSWORD (PostgreSQL)")
+    mark_secret_env(spec.model.api_key_env)
+
+
+def _check_spec_inputs(spec: AnySpec, say: Callable[[str], None] | None) -> None:
+    """`preflight`'s checks of what the spec names, each error naming the spec's field."""
+    from core.datasets import DatasetError, check_questions
     from schemas.spec import SweepSpec
     from strategies.retrievers import parse_retriever
 
     if spec.model.backend == "openai":
         from engines.llm import api_key_from_env
 
-        api_key_from_env(spec.model.api_key_env)
+        api_key_from_env(spec.model.api_key_env)  # its message names model.api_key_env
     else:
-        from engines.models import bundled_model
+        from engines.models import ModelFetchError, bundled_model
 
-        bundled_model(spec.model.embedded_model)  # a former name is told the current one (ModelFetchError)
+        try:
+            bundled_model(spec.model.embedded_model)  # a former name is told the current one
+        except ModelFetchError as exc:
+            raise ModelFetchError(f"model.embedded_model: {exc}") from None
     for i, experiment in enumerate(spec.expand()):
         try:
             check_questions(experiment.dataset.name, experiment.dataset.path)
@@ -218,11 +241,7 @@ def preflight(spec: AnySpec, say: Callable[[str], None] | None = None) -> None:
             where = f"dataset[{i}]" if isinstance(spec, SweepSpec) else "dataset"
             raise DatasetError(f"{where}.path: {exc}") from None
     if any(parse_retriever(r).needs_corpus for r in spec.retrievers):  # last: a first read of a large corpus takes minutes
-        check_corpus(spec.corpus, say)
-    if not spec.tracking.mlflow_uri:  # the URI the run would use instead (the spec's own is checked with the spec)
-        refuse_credentials(os.environ.get("MLFLOW_TRACKING_URI"), "MLFLOW_TRACKING_URI", "MLflow reads them from "
-                           "MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD (an MLflow server) or PGPASSWORD (PostgreSQL)")
-    mark_secret_env(spec.model.api_key_env)
+        check_corpus(spec.corpus, say)  # its messages name corpus.paths or corpus.faiss
 
 
 def check_corpus(spec: CorpusSpec, say: Callable[[str], None] | None = None) -> None:

@@ -61,7 +61,7 @@ def checked_run(spec_given: SpecGiven, store: str | None, base_url: str | None, 
     root = checked_run_store(spec, store, json_out)  # an s3:// store: its mirror, up to date
     if (scheduler or spec.execution.scheduler_address) and "://" not in root:
         root = str(Path(root).resolve())  # a long-lived cluster's workers each run in a folder of their own
-    options = RunOptions(root, base_url, "dask" if scheduler else runner, workers, scheduler, record_after)
+    options = RunOptions(root, base_url, "dask" if scheduler else runner, workers, scheduler, record_after, source)
     check_services(spec, options)
     return spec, options
 
