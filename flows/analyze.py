@@ -8,6 +8,7 @@ thin Prefect wrapper.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,8 @@ from core.paths import StoreLayout
 from tracking.analysis.inconsistency import AnalysisResult
 from tracking.analysis.registry import outputs
 from tracking.analysis.tables import compute
-from tracking.mlflow.analysis import log_analysis
+from tracking.mlflow.analysis import log_analysis, parent_run
+from tracking.mlflow.sync import logged_now
 from tracking.store.ledger import Ledger, ensemble_rows
 
 # analysis-2: RWR / MRWR / MRLR and per-error RWR per (reader, model) group (tracking/analysis/inconsistency.py), not pooled
@@ -75,6 +77,10 @@ def run_analysis(store_root: str | Path, experiment: str, out_dir: str | Path | 
     """
     ledger = Ledger(store_root)
     execution = ledger.latest_execution(experiment)
+    if log_mlflow and execution is not None:  # before anything is written: its parent run, once logged
+        logged_now(store_root, experiment, execution["name"], say=_notice)
+        execution = ledger.execution(experiment, execution["name"])
+        parent_run(execution)
     outcomes = ledger.outcomes(experiment, execution)
     outcomes = outcomes[~ensemble_rows(outcomes)]
     res = compute(outcomes, experiment, metric, n_resamples, seed)
@@ -108,6 +114,10 @@ def run_analysis(store_root: str | Path, experiment: str, out_dir: str | Path | 
     if log_mlflow and execution is not None:
         log_analysis(res, res.files, execution, base, ANALYSIS_VERSION)
     return res
+
+
+def _notice(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def _write_across(res: AnalysisResult, store_root: str | Path, experiments: list[str], metric: str, base: Path) -> list[Path]:

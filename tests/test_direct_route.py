@@ -151,10 +151,6 @@ def test_a_recording_gives_way_to_runs_before_each_task_and_each_later_step(work
     from flows.launch import RunOptions, launch
     from schemas.spec import parse_spec
 
-    class NoRecorder(RecordingHost):
-        def start_recorder(self, *args) -> int:
-            return -1  # recorded below, in this process
-
     with ScriptedServer(answer=answer_from_context) as server:
         spec = parse_spec(make_spec(workspace, server.base_url, readers=("concatenation",)))
         summary = launch(spec, RunOptions(spec.tracking.store, record_after=True), NoRecorder())
@@ -218,3 +214,33 @@ def test_a_run_on_the_embedded_model_answers_before_prefect_and_mlflow_then_is_r
     assert {"recall_at_k.csv", "recall_at_k.png"} <= {Path(f).name for f in manifest_of(summary, tmp_path)["analysis_files"]}
     logged = {Path(a.path).name for a in client.list_artifacts(parent.info.run_id, "analysis")}
     assert {"recall_at_k.csv", "recall_at_k.png"} <= logged, logged
+
+
+class NoRecorder(RecordingHost):
+    def start_recorder(self, *args) -> int:
+        return -1  # no recording queued: as after a recorder that was killed before it queued nothing more
+
+
+def test_an_analysis_right_after_a_run_waits_for_its_recording_then_logs_on_its_parent_run(workspace,  # noqa: F811
+                                                                                            prefect_harness, recorder_api):
+    """`ragledger analyze` typed as the table is printed: the run's recorder logs the execution (its flow run noted)
+    and the analysis goes on its parent run; without a recording queued, the analysis logs the execution itself."""
+    from flows.analyze import run_analysis
+    from flows.launch import RunOptions, launch
+    from schemas.spec import parse_spec
+
+    with ScriptedServer(answer=answer_from_context) as server:
+        spec = parse_spec(make_spec(workspace, server.base_url, readers=("concatenation",)))
+        summary = launch(spec, RunOptions(spec.tracking.store, record_after=True), RecordingHost())
+        res = run_analysis(spec.tracking.store, spec.name, eor=False, n_resamples=50)
+        record = manifest_of(summary)["summary"]
+        assert res.parent_run_id == record["mlflow_parent_run_id"] and record["flow_run_id"]  # the recorder's logging
+        waited_for(summary["recorder_pid"])
+
+        raw = make_spec(workspace, server.base_url, readers=("concatenation",))
+        raw["name"] = "unrecorded"
+        unrecorded = parse_spec(raw)
+        alone = launch(unrecorded, RunOptions(unrecorded.tracking.store, record_after=True), NoRecorder())
+    res = run_analysis(unrecorded.tracking.store, unrecorded.name, eor=False, n_resamples=50)
+    assert res.parent_run_id == manifest_of(alone)["summary"]["mlflow_parent_run_id"]
+    assert not list(Path(spec.tracking.store, "mlflow-pending").rglob("*.json"))

@@ -15,13 +15,20 @@ def _mlflow_key(s: str) -> str:
     return re.sub(r"[^A-Za-z0-9_\-./ ]", "_", s)
 
 
-def log_analysis(res: AnalysisResult, files: list[Path], execution: dict, base: Path, version: str) -> None:
-    """An analysis on its execution's MLflow parent run: its files under analysis/, the metrics of every analysis of
-    the registry (NaN, a retriever alone in its group, dropped), and the analysis version (`version`) and EoR pooling as tags."""
+def parent_run(execution: dict) -> tuple[str, str]:
+    """The MLflow parent run id and tracking URI of a logged execution (its run manifest's)."""
     summary = execution.get("summary", {})
     run_id, uri = summary.get("mlflow_parent_run_id"), summary.get("tracking_uri")
     if not run_id or not uri:
-        raise AnalysisError(f"{execution.get('manifest_path')}: manifest has no MLflow parent run id / tracking uri")
+        raise AnalysisError(f"{execution.get('manifest_path')}: manifest has no MLflow parent run id / tracking uri "
+                            "(`ragledger sync` logs a pending execution; --no-mlflow analyses without MLflow)")
+    return run_id, uri
+
+
+def log_analysis(res: AnalysisResult, files: list[Path], execution: dict, base: Path, version: str) -> None:
+    """An analysis on its execution's MLflow parent run: its files under analysis/, the metrics of every analysis of
+    the registry (NaN, a retriever alone in its group, dropped), and the analysis version (`version`) and EoR pooling as tags."""
+    run_id, uri = parent_run(execution)
     spec = execution.get("spec", {})
     logger = MlflowLogger(uri, (spec.get("tracking") or {}).get("mlflow_experiment") or res.experiment)
     by_dir: dict[str, list[Path]] = {}

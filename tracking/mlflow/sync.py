@@ -21,7 +21,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-from collections.abc import Collection, Iterator
+import time
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,29 @@ def execution_lock(store_root: str | Path, experiment: str, execution: str, wait
             if not marker.exists():
                 lock.unlink(missing_ok=True)
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def logged_now(store_root: str | Path, experiment: str, execution: str, wait_s: float = 300.0,
+               say: Callable[[str], None] | None = None) -> None:
+    """An execution's MLflow logging done, for what needs its runs (an analysis logged on its parent run): a
+    recording queued for it is waited for (up to `wait_s`: a recorder waits while runs work), else it is logged
+    here. Raises MlflowLoggingPending when MLflow does not take it."""
+    marker = marker_path(store_root, experiment, execution)
+    if marker.exists() and execution in recordings_queued():
+        if say is not None:
+            say(f"waiting for the run's recorder to log {experiment} execution {execution} to MLflow "
+                "(ragledger/recorder.py; seconds once no run works)")
+        deadline = time.monotonic() + wait_s
+        while marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.25)
+    if not marker.exists():
+        return
+    with execution_lock(store_root, experiment, execution, wait=True):  # a recorder logging it finishes first
+        pass
+    result = sync(store_root, leave={m.stem for m in pending_markers(store_root)} - {execution})
+    if result.pending:
+        first = result.pending[0]
+        raise pending_error(first["tracking_uri"], store_root, ConnectionError(first["error"]))
 
 
 def _short(exc: BaseException) -> str:
