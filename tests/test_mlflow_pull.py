@@ -247,12 +247,18 @@ def test_pull_errors_are_one_line(shared, tmp_path):
         "server down": (["pull", EXPERIMENT, "--mlflow-uri", "http://127.0.0.1:9"], "no answer"),
         "credentials": (["pull", EXPERIMENT, "--mlflow-uri", "http://bob:hunter22@127.0.0.1:9"], "carries credentials"),
     }
+    empty = tmp_path / "empty"
+    empty.mkdir()
     for what, (args, expected) in cases.items():
         result = runner.invoke(app, [*args, "--store", str(tmp_path / "B")])
         assert result.exit_code == 2, (what, result.output)
         line = one_error_line(result.output)
         assert expected in line, (what, line)
         assert "hunter22" not in result.output
+        assert not (tmp_path / "B").exists(), what  # nothing kept: the store folder the pull made is gone
+        result = runner.invoke(app, [*args, "--store", str(empty)])
+        assert result.exit_code == 2 and expected in one_error_line(result.output), (what, result.output)
+        assert empty.is_dir() and not any(empty.iterdir()), what  # a folder given empty stays, and empty
 
 
 def test_pull_from_the_mlflow_server_on_postgresql(tmp_path, mlflow_postgres):

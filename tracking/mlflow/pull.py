@@ -127,12 +127,53 @@ def pull(experiment: str, store_root: str | Path, tracking_uri: str,
 
 @contextlib.contextmanager
 def _pull_lock(store: Path, experiment: str) -> Iterator[None]:
-    """One pull of an experiment into a store at a time: a second waits, then finds the executions present."""
+    """One pull of an experiment into a store at a time: a second waits, then finds the executions present. When
+    the pull ends its lock file goes, and so do the `.pull` folder and the store folder (and its parents) if this
+    pull made them and they are left empty: a failed pull leaves nothing behind but the checked downloads a second
+    pull resumes from."""
     base = store / PULL_DIR
-    base.mkdir(parents=True, exist_ok=True)
-    with open(base / f"{experiment}.lock", "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        yield
+    made = []  # the folders still to be made, deepest first
+    folder = base
+    while not folder.exists() and folder != folder.parent:
+        made.append(folder)
+        folder = folder.parent
+    try:
+        with _locked(base / f"{experiment}.lock"):
+            yield
+    finally:
+        for folder in made:
+            try:
+                folder.rmdir()
+            except OSError:  # not empty (another pull's lock, staged files, the pulled records), or gone
+                break
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive flock on `path`, whose holder removes the file when done. A waiter that then holds the lock of
+    the removed file opens `path` again (a new file, or one a third pull made meanwhile) and waits on that, so no two
+    pulls ever hold the lock at once."""
+    while True:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fh = open(path, "a")  # noqa: SIM115  (closed by the `with` below)
+        except FileNotFoundError:  # the folder removed by a pull that just ended: make it again
+            continue
+        with fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            if _same_file(fh.fileno(), path):
+                try:
+                    yield
+                finally:
+                    path.unlink(missing_ok=True)  # while still locked: a waiter finds it gone and locks a new one
+                return
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except FileNotFoundError:
+        return False
 
 
 def _client(tracking_uri: str):
