@@ -232,12 +232,17 @@ def sync(
     store: Annotated[str, typer.Option(help="event store directory")] = DEFAULT_STORE,
     tracking_uri: Annotated[str | None, typer.Option(help="log here instead of the URI each run was meant for")] = None,
     all_executions: Annotated[bool, typer.Option("--all", help="also every execution in the store that has no "
-                                                 "runs at the URI: rebuild a lost or new MLflow database")] = False,
+                                                 "runs at the URI (--tracking-uri, else MLFLOW_TRACKING_URI, else "
+                                                 "each run's own): rebuild a lost or new MLflow database")] = False,
 ) -> None:
     """Log to MLflow the executions whose MLflow logging is pending (MLflow was down), each exactly once."""
+    import os
+
     from tracking.mlflow import sync as mlflow_sync
 
     store = checked_store(store, writing=True)
+    if all_executions and tracking_uri is None:  # a rebuild goes where the user's MLflow is now
+        tracking_uri = os.environ.get("MLFLOW_TRACKING_URI") or None
     before = len(mlflow_sync.pending_markers(store))
     result = mlflow_sync.sync(store, tracking_uri, everything=all_executions, log=lambda e: console.print(
         f"logged {e['experiment']} execution {e['execution']} to MLflow {e['tracking_uri']}: parent run {e['parent']}, "

@@ -215,3 +215,8 @@ def test_a_kill_while_logging_is_completed_by_sync_and_sync_all_rebuilds_mlflow(
         assert proc.returncode == 0, proc.stdout + proc.stderr
     assert_logged_once(rebuilt, "killed", store, recorded=False)
     assert_logged_once(uri, "killed", store)  # the manifest still names the runs of its own MLflow
+    # or to where MLFLOW_TRACKING_URI points now
+    elsewhere = f"sqlite:///{tmp_path / 'elsewhere.db'}"
+    proc = cli(tmp_path, "sync", "--all", env={"MLFLOW_TRACKING_URI": elsewhere})
+    assert proc.returncode == 0 and "1 execution(s) logged" in proc.stdout, proc.stdout + proc.stderr
+    assert_logged_once(elsewhere, "killed", store, recorded=False)
