@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 
+from core.secrets import redact_url
 from ragledger.cli_common import console
 
 if TYPE_CHECKING:
@@ -56,8 +57,11 @@ def print_summary(summary: dict) -> None:
                       f"({100 * evaluated / sent:.0f}%: it reuses the previous prompt's prefix)")
     if summary.get("answered_from"):
         console.print(f"answered from the store: every cell's outcome is there (run manifest {summary['answered_from']}); "
-                      "no flow run, model endpoint or index was started, and nothing new was logged")
-    if summary.get("recorder_pid"):  # flows/direct.py: Prefect and MLflow record the run after this table
+                      "no flow run, model endpoint or index was started")
+        if summary.get("recorder_pid"):  # flows/launch.py: a recorder logs earlier executions still pending
+            console.print(f"MLflow: {redact_url(summary['tracking_uri'])}  the store's executions still pending are "
+                          f"logged by a recorder (process {summary['recorder_pid']})")
+    elif summary.get("recorder_pid"):  # flows/direct.py: Prefect and MLflow record the run after this table
         console.print(f"MLflow: {summary['tracking_uri']}  logged by the run's recorder (process "
                       f"{summary['recorder_pid']}) seconds after the last run ends (if it is stopped: ragledger sync)")
     elif any(s.get("mlflow_parent_run_id") is None for s in experiments):
@@ -66,4 +70,8 @@ def print_summary(summary: dict) -> None:
         parents = ", ".join(s["mlflow_parent_run_id"] for s in experiments)
         console.print(f"MLflow: {summary['tracking_uri']}  experiment id {summary['mlflow_experiment_id']}, "
                       f"parent run{'s' if len(experiments) > 1 else ''} {parents}")
-    console.print("open it with: [bold]ragledger ui[/]   (then http://127.0.0.1:5000)")
+    uri = str(summary.get("tracking_uri") or "")
+    if uri.startswith(("http://", "https://")):  # a tracking server serves its own UI
+        console.print(f"open it at: {redact_url(uri)}")
+    else:
+        console.print("open it with: [bold]ragledger ui[/]   (then http://127.0.0.1:5000)")

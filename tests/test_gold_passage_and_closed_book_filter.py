@@ -186,3 +186,17 @@ def test_run_prints_the_readers_table(capsys):
     out = capsys.readouterr().out
     assert "EM 95% CI" in out and "[25.0, 65.0]" in out and "920.0" in out and "%NM" in out and "calls/q" in out
     assert "dropped 5 of 25 sampled questions" in out
+
+
+def test_the_run_report_names_a_tracking_servers_own_ui_and_a_cached_answers_recorder(capsys):
+    from ragledger.run_report import print_summary
+
+    base = {"experiment": "x", "questions": 0, "cells": {}, "llm_calls": 0, "cache_hits": 0, "retries": 0,
+            "tasks_from_cache": 0, "tasks_total": 0, "wall_time_s": 0.1, "mlflow_experiment_id": "1",
+            "mlflow_parent_run_id": "abc"}
+    print_summary({**base, "tracking_uri": "http://mlflow.example.org:5000"})
+    out = capsys.readouterr().out
+    assert "open it at: http://mlflow.example.org:5000" in out and "ragledger ui" not in out
+    print_summary({**base, "tracking_uri": "sqlite:///m.db", "answered_from": "runs/x/1.json", "recorder_pid": 7})
+    out = capsys.readouterr().out
+    assert "pending are logged by a recorder (process 7)" in out and "ragledger ui" in out
