@@ -64,3 +64,18 @@ def test_scoring_predictions_from_a_missing_file_is_one_line(tmp_path, data_dir)
                      cwd=tmp_path)
     assert done.returncode == 2
     assert done.stderr.strip() == f"error: {tmp_path / 'nope.json'}: file not found"
+
+
+def test_scoring_a_few_predictions_says_how_many_questions_went_unanswered_in_one_line(tmp_path, data_dir):
+    preds = tmp_path / "preds.json"
+    preds.write_text('{"Super_Bowl_50_0_0": "Denver Broncos"}')
+    done = ragledger("eval-predictions", str(data_dir / "squad" / "dev-v1.1.json.gz"), str(preds), cwd=tmp_path)
+    assert done.returncode == 0 and '"exact_match"' in done.stdout
+    assert done.stderr.strip().splitlines() == [f"10,569 of 10,570 questions unanswered (e.g. {_first_qid(data_dir)}): "
+                                                "each scores 0, as in the official script"]
+
+
+def _first_qid(data_dir) -> str:
+    from core.datasets import load_squad
+
+    return next(q.qid for q in load_squad(data_dir / "squad" / "dev-v1.1.json.gz") if q.qid != "Super_Bowl_50_0_0")
