@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 
 class ModelSpec(Protocol):
@@ -63,6 +64,22 @@ class ContextOverflow(BackendError):
     """The server refused a prompt longer than its context window (HTTP 400; vLLM, llama.cpp and OpenAI word it
     differently, `engines.llm_http._is_context_overflow`). Sent to the parent process as itself, so the generate
     stage can name the cell and question whose prompt it was (tasks/generate.py)."""
+
+
+def endpoint_url_problem(url: str) -> str | None:
+    """Why `url` cannot be an endpoint's base URL, or None: it needs an http:// or https:// scheme and a host (a
+    malformed one failed only at the first model call, after its retries). Said with what precedes an @ hidden:
+    a URL with credentials is refused before this (core/secrets.py), but one without // escapes that check."""
+    shown = f"***@{url.rpartition('@')[2]}" if "@" in url else url
+    try:
+        parts = urlsplit(url)
+        # .port raises ValueError for a port that is not a number or is out of range
+        well_formed = parts.scheme.lower() in ("http", "https") and bool(parts.hostname) and parts.port != 0
+    except ValueError:  # that, or an unbalanced [IPv6] host
+        well_formed = False
+    if well_formed and not any(c.isspace() for c in url):
+        return None
+    return f"{shown!r} is not an http:// or https:// URL with a host (e.g. http://127.0.0.1:8000/v1)"
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ def checked_run(spec_given: SpecGiven, store: str | None, base_url: str | None, 
     `RunOptions`); the options, every place the run writes and the servers it talks to checked (a user error raised
     naming it) before anything is written. Its inputs are checked by the run (flows/launch.py `preflight`)."""
     from core.secrets import refuse_credentials
+    from engines.llm_types import endpoint_url_problem
     from flows.launch import RunOptions
     from ragledger.cli_common import usage_error
     from ragledger.locations import checked_run_store
@@ -56,6 +57,8 @@ def checked_run(spec_given: SpecGiven, store: str | None, base_url: str | None, 
         raise usage_error("--workers must be a positive integer")
     refuse_credentials(base_url, "--base-url", "put the API key in an environment variable and name it in "
                        "model.api_key_env")
+    if base_url is not None and (problem := endpoint_url_problem(base_url)):  # not told at the first model call
+        raise usage_error(f"--base-url: {problem}")
     # every place the run writes (store, call cache, MLflow, Prefect home, logs, indexes, --json), before the inputs
     # are read (flows/launch.py): a mistyped store is named before a large corpus is read for its hash
     root = checked_run_store(spec, store, json_out)  # an s3:// store: its mirror, up to date

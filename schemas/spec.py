@@ -11,6 +11,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from engines.llm_types import endpoint_url_problem
 from engines.models import DEFAULT_MODEL
 from schemas.messages import field_errors, pydantic_message
 from schemas.reader_entry import ReaderEntry
@@ -137,6 +138,8 @@ class ModelSpec(_Strict):
     def _endpoint(self) -> ModelSpec:
         if self.backend == "openai" and not self.base_url:
             raise ValueError("model.base_url is required when model.backend is 'openai'")
+        if self.backend == "openai" and (problem := endpoint_url_problem(self.base_url)):  # the embedded calls none
+            raise ValueError(f"model.base_url: {problem}")
         return self
 
     @property

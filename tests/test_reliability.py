@@ -415,6 +415,29 @@ CREDENTIALS = {  # where the secret goes -> (spec patch, CLI args, env, what the
 }
 
 
+ENDPOINT_URLS = {  # case -> (spec patch, CLI args, what the error line names)
+    "--base-url without a scheme": ({}, ("--base-url", "notaurl"), "--base-url: 'notaurl' is not an http:// or https://"),
+    "--base-url without a host": ({}, ("--base-url", "http:///v1"), "--base-url: 'http:///v1' is not an http:// or https://"),
+    "model.base_url without a scheme": ({"model": {"backend": "openai", "name": "scripted", "base_url": "localhost:8000/v1"}},
+                                        (), "field 'model': model.base_url: 'localhost:8000/v1' is not an http:// or https://"),
+}
+
+
+@pytest.mark.parametrize("case", list(ENDPOINT_URLS))
+def test_a_malformed_endpoint_url_is_refused_up_front(tmp_path, case):
+    """Not taken to the first model call (questions and retrievals written, 7 attempts, then an error)."""
+    patch, args, needle = ENDPOINT_URLS[case]
+    make_data(tmp_path, 4)
+    spec_path = write_spec(tmp_path, "http://127.0.0.1:9/v1")
+    spec_path.write_text(yaml.safe_dump({**yaml.safe_load(spec_path.read_text()), **patch}))
+    proc = cli(tmp_path, "run", str(spec_path), *args, "--limit", "2")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    line = one_error_line(proc)
+    assert needle in line and ("rel.yaml" in line or not patch), line
+    assert not (tmp_path / ".ragledger").exists()
+    print(f"{case}: {line}")
+
+
 def refused_with_credentials(ws: Path, case: str, password: str, env: dict | None = None) -> subprocess.CompletedProcess:
     patch, args, extra_env, _ = CREDENTIALS[case]
     spec_path = write_spec(ws, "http://127.0.0.1:9/v1", name="cred")

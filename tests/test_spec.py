@@ -51,6 +51,18 @@ def test_bad_fields_are_named(patch, needle):
     assert str(exc.value).startswith("spec.yaml")
 
 
+@pytest.mark.parametrize("url", ["notaurl", "127.0.0.1:8000/v1", "http:///v1", "ftp://h/v1", "http://h:port/v1"])
+def test_an_endpoint_url_needs_a_scheme_and_a_host(url):
+    with pytest.raises(SpecError) as exc:
+        parse_spec({**GOOD, "model": {"backend": "openai", "base_url": url}}, "spec.yaml")
+    assert str(exc.value).startswith("spec.yaml: field 'model': model.base_url: "), str(exc.value)
+    assert f"{url!r} is not an http:// or https:// URL with a host" in str(exc.value), str(exc.value)
+    for good in ("http://127.0.0.1:8000/v1", "https://api.openai.com/v1", "HTTP://[::1]:8000/v1"):
+        assert parse_spec({**GOOD, "model": {"backend": "openai", "base_url": good}}).model.base_url == good
+    # the embedded backend calls no base_url: a spec stored with one it never used still reads
+    assert parse_spec({**GOOD, "model": {"base_url": url}}).model.backend == "embedded"
+
+
 def test_file_level_errors(tmp_path):
     with pytest.raises(SpecError, match="spec file not found"):
         load_spec(tmp_path / "missing.yaml")
