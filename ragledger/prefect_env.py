@@ -26,4 +26,5 @@ def configure_prefect_home(workdir: Path) -> None:
     os.environ.setdefault("PREFECT_RESULTS_PERSIST_BY_DEFAULT", "true")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")  # a LocalCluster's start: ~30 INFO lines otherwise
     os.environ.setdefault("PREFECT_LOGGING_SETTINGS_PATH", str(Path(__file__).with_name("prefect_logging.yaml")))

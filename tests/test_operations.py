@@ -35,6 +35,7 @@ def test_dask_runner_gives_the_default_runners_outcomes(tmp_path):
         with ScriptedServer(answer=reader, delay_s=0.05) as server:
             proc = cli(ws, "run", str(write_spec(ws, server.base_url)), "--json", str(ws / "summary.json"), *extra)
             assert proc.returncode == 0, proc.stderr[-3000:]
+            assert "INFO" not in proc.stdout + proc.stderr  # the CLI shows its own progress, not Dask's start-up
             summaries[ws.name] = json.loads((ws / "summary.json").read_text())
             most_in_flight[ws.name] = server.max_in_flight
     thread_rows, dask_rows = outcome_table(thread_ws), outcome_table(dask_ws)
