@@ -142,6 +142,8 @@ def test_flips_and_hardest(store):
     assert "exact McNemar p = 1" in r.output  # 2 vs 1 discordant pairs
     flips = json.loads(r.output[r.output.index("[{"):].splitlines()[0])
     assert [(f["qid"], f["winner"]) for f in flips] == [("q1", "A"), ("q4", "A"), ("q2", "B")]
+    r = cli("flips", "concatenation", "none", "--store", root)  # words naming both cells: said, not 'no experiment'
+    assert r.exit_code == 2 and f"(in {EXP}: 'concatenation' matches 2 cells: " in " ".join(r.output.split())
     r = cli("hardest", EXP, "--store", root, "--format", "json")
     assert [(x["qid"], x["error_types"]) for x in json.loads(r.output)] == \
         [("q3", "hallucination_error×1, retrieval_failure×1")]

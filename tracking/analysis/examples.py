@@ -73,7 +73,7 @@ def cell_pair(store_root: str | Path, cell_a: str, cell_b: str,
     or in the one experiment of the store that holds both."""
     ledger = Ledger(store_root)
     names = [experiment] if experiment else ledger.experiments()
-    found = []
+    found, ambiguous = [], []
     for name in names:
         try:
             df = ledger.experiment_outcomes(name)
@@ -82,8 +82,11 @@ def cell_pair(store_root: str | Path, cell_a: str, cell_b: str,
         except ValueError as exc:  # LedgerError: no outcomes; a cell naming none or several
             if experiment:
                 raise AnalysisError(str(exc)) from None
+            if " matches " in str(exc):  # words naming several cells: more words name one
+                ambiguous.append(f"in {name}: {exc}")
     if not found:
-        raise AnalysisError(f"no experiment in {store_root} holds both {cell_a!r} and {cell_b!r}")
+        hint = f" ({ambiguous[0]})" if ambiguous else ""
+        raise AnalysisError(f"no experiment in {store_root} holds both {cell_a!r} and {cell_b!r}{hint}")
     if len(found) > 1:
         raise AnalysisError(f"both cells exist in experiments {', '.join(f[0] for f in found)}; pick one with --experiment")
     name, df, a, b = found[0]
