@@ -95,7 +95,9 @@ def run(
         _report(exc, run_errors())
     print_summary(summary)
     if json_out:
-        json_out.write_text(json.dumps(summary, indent=2, default=str))
+        from ragledger.locations import write_summary
+
+        write_summary(json_out, json.dumps(summary, indent=2, default=str))  # its folder made, as checked
 
 
 @app.command()

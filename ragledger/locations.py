@@ -159,3 +159,10 @@ def checked_run_store(spec: AnySpec, store: str | None, json_out: Path | None = 
     root = local_root(store or spec.tracking.store, what, creating=True)
     check_run_locations(spec, root, what, Path.cwd(), json_out)
     return root
+
+
+def write_summary(path: Path, text: str) -> None:
+    """The run summary of `ragledger run --json`, written where it was checked with the run's other locations
+    (`run_locations`): its folder made when missing, as the store's and the MLflow database's are."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)

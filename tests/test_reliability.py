@@ -346,6 +346,17 @@ def test_an_unusable_location_is_one_clear_error_before_anything_starts(tmp_path
     print(f"{case}: {line}")
 
 
+def test_a_json_summary_in_a_folder_still_to_be_made_is_written_there(tmp_path):
+    """--json is checked with the other locations: a folder still to be made is made when it is written, as the
+    store's is (no FileNotFoundError after a whole run)."""
+    make_data(tmp_path, 4)
+    out = tmp_path / "reports" / "today" / "summary.json"
+    with ScriptedServer(answer=reader) as server:
+        proc = cli(tmp_path, "run", str(write_spec(tmp_path, server.base_url)), "--json", str(out))
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    assert json.loads(out.read_text())["experiment"] == "rel"
+
+
 def test_an_unwritable_store_is_one_clear_error_before_anything_starts():
     """The store directory exists but this user may not write it (root may write anywhere: the CLI then runs as
     nobody). Permission bits are not what is checked: a file is created and removed in it."""
