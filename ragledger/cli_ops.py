@@ -125,7 +125,7 @@ def _checked_schedule(spec_path: Path, cron: str | None, interval: float | None,
 
     try:
         spec = load_spec(spec_path)
-        preflight(spec)
+        preflight(spec, source=str(spec_path))
         if (cron is None) == (interval is None):
             raise usage_error("give exactly one of --cron or --interval")
         if interval is not None and interval <= 0:

@@ -184,6 +184,12 @@ def test_runs_and_schedule_reject_bad_arguments(tmp_path):
     assert runner.returncode == 2 and "--runner: unknown runner 'spark'" in runner.stderr
     threads = cli(tmp_path, "run", str(spec), "--runner", "thread", "--scheduler", "tcp://127.0.0.1:9")
     assert threads.returncode == 2 and "--scheduler is a Dask scheduler" in threads.stderr, threads.stderr
+    missing = write_spec(tmp_path, "http://127.0.0.1:9/v1", name="missing")
+    data = yaml.safe_load(missing.read_text())
+    data["dataset"]["path"] = str(tmp_path / "nope.jsonl")
+    missing.write_text(yaml.safe_dump(data))
+    gone = cli(tmp_path, "schedule", str(missing), "--interval", "5")  # the spec's file named, as `run` names it
+    assert gone.returncode == 2 and f"{missing}: dataset.path: " in gone.stderr, gone.stderr
     assert not (tmp_path / ".ragledger" / "store").exists()
     data = yaml.safe_load(spec.read_text())
     assert data["name"] == "rel"
