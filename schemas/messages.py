@@ -21,7 +21,6 @@ def pydantic_message(err: Mapping[str, Any]) -> str:
     return err["msg"].removeprefix("Value error, ") + ("" if plain else f", got {given!r}")
 
 
-
 def _field(err: Mapping[str, Any]) -> str:
     return ".".join(str(p) for p in err["loc"]) or "<root>"
 
