@@ -142,17 +142,15 @@ def _here() -> str | None:
 def _queued_here(here: str) -> list[tuple[Path, dict]]:
     """The recordings queued from the working directory `here`, oldest first; one stale, unreadable or with nothing
     left to record (of any directory) is dropped."""
-    from tracking.mlflow.sync import RECORDINGS
+    from tracking.mlflow.sync import queued_recordings
 
     jobs = []
-    # <time_ns>-<pid>.json: not a recording being written (core/atomic.py, `.tmp-...`)
-    for path in sorted(_in_cache_home(RECORDINGS).glob("[0-9]*-[0-9]*.json"), key=lambda p: int(p.stem.split("-")[0])):
+    for path, job in queued_recordings():
         try:
-            job = json.loads(path.read_text(encoding="utf-8"))
             stale = time.time() - path.stat().st_mtime > STALE_AFTER_S
-        except (OSError, ValueError):
-            job, stale = None, True
-        if stale or not isinstance(job, dict) or _gone(job):
+        except OSError:  # recorded and removed meanwhile
+            stale = True
+        if stale or job is None or _gone(job):
             path.unlink(missing_ok=True)
         elif job.get("cwd") == here:
             jobs.append((path, job))

@@ -36,18 +36,24 @@ PENDING_DIR = "mlflow-pending"
 RECORDINGS = "recordings"  # the recorders' queue under the cache home (ragledger/recorder.py): <time_ns>-<pid>.json
 
 
-def recordings_queued() -> set[str]:
-    """The executions (their manifests' names) whose recording is queued for a recorder (ragledger/recorder.py)."""
+def queued_recordings() -> list[tuple[Path, dict[str, Any] | None]]:
+    """The recorders' queue (ragledger/recorder.py), oldest first: each recording's file and its job (None when
+    unreadable). <time_ns>-<pid>.json: not a recording still being written (core/atomic.py, `.tmp-...`)."""
     queue = cache_home() / RECORDINGS
-    names = set()
-    for path in queue.glob("[0-9]*-[0-9]*.json") if queue.is_dir() else []:
+    out: list[tuple[Path, dict[str, Any] | None]] = []
+    for path in sorted(queue.glob("[0-9]*-[0-9]*.json"), key=lambda p: int(p.stem.split("-")[0])):
         try:
-            manifest = json.loads(path.read_text(encoding="utf-8")).get("manifest")
-        except (OSError, ValueError, AttributeError):
-            continue
-        if manifest:
-            names.add(Path(manifest).stem)
-    return names
+            job = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            job = None
+        out.append((path, job if isinstance(job, dict) else None))
+    return out
+
+
+def recordings_queued() -> set[str]:
+    """The executions (their manifests' names) whose recording is queued for a recorder."""
+    return {Path(job["manifest"]).stem for _, job in queued_recordings()
+            if job is not None and isinstance(job.get("manifest"), str)}
 
 
 class MlflowLoggingPending(ConnectionError):
